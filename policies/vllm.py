@@ -1,0 +1,97 @@
+"""vLLM V1's default scheduler: FCFS with chunked prefill and recompute preemption.
+
+Source: vLLM `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`, v0.8+).
+Rule, per step, under a token budget:
+1. Running requests first, in admission order: each takes what it still needs (the rest
+   of its prefill, or one decode token), capped by the remaining budget and by
+   `long_prefill_token_threshold` when set. If its KV blocks do not fit, preempt the
+   most recently admitted running request (recompute: its KV is dropped and it goes back
+   to the waiting queue) and retry; if that was the request itself, stop.
+2. Only if nothing was preempted this step: admit waiting requests FCFS while the
+   sequence cap, budget and KV allow, each chunked to the remaining budget (its prefix
+   cache hit counted as computed). With `chunked_prefill=false`, a prompt that does not
+   fit in the remaining budget waits (and blocks the queue, FCFS).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.plan import PREEMPT_MODES, RECOMPUTE, SWAP, Plan
+from testbed.policy import BasePolicy, PolicyKnobs, register
+
+
+@dataclass
+class VLLMKnobs(PolicyKnobs):
+    name: str = "vllm"
+    chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # 0 = no cap on one request's prefill chunk
+    preemption_mode: str = RECOMPUTE  # "recompute" (V1) or "swap" (V0)
+
+    def __post_init__(self):
+        if self.preemption_mode not in PREEMPT_MODES:
+            raise ValueError(f"policy.preemption_mode={self.preemption_mode!r}: expected one of {PREEMPT_MODES}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"policy.long_prefill_token_threshold={self.long_prefill_token_threshold}: must be >= 0")
+
+
+@register
+class VLLMPolicy(BasePolicy):
+    name = "vllm"
+    Knobs = VLLMKnobs
+
+    def is_steady(self, view) -> bool:
+        """With every running request decoding and nobody waiting, the plan repeats until
+        an arrival or a finish (the loop checks KV growth)."""
+        return not view.waiting
+
+    def schedule(self, view) -> Plan:
+        k = self.knobs
+        plan = Plan()
+        budget = view.token_budget
+        free = view.free_blocks
+        running = view.running
+        cap = k.long_prefill_token_threshold or budget
+        host_free = view.free_host_blocks
+        victims = len(running)  # running[victims:] are preempted this step
+        preempted = False
+        i = 0
+        while i < victims and budget > 0:
+            s = running[i]
+            n = min(s.remaining, budget, cap)
+            need = view.blocks_needed(s, n)
+            while need > free and victims > i:
+                victims -= 1
+                victim = running[victims]
+                mode = k.preemption_mode
+                if mode == SWAP:  # fall back to recompute when host swap space is short
+                    if len(victim.blocks) <= host_free:
+                        host_free -= len(victim.blocks)
+                    else:
+                        mode = RECOMPUTE
+                plan.preempt_request(victim, mode)
+                preempted = True
+                free += view.reclaimable_blocks(victim)
+            if victims == i:  # the request preempted itself
+                break
+            plan.schedule(s, n)
+            free -= need
+            budget -= n
+            i += 1
+        if preempted:
+            return plan
+        seqs = victims
+        for s in view.waiting:
+            if budget <= 0 or seqs >= view.max_num_seqs:
+                break
+            want = view.num_new_tokens(s)
+            if want > budget and not k.chunked_prefill:
+                break
+            n = min(want, budget, cap)
+            need = view.blocks_needed(s, n)
+            if need > free:
+                break
+            plan.schedule(s, n)
+            free -= need
+            budget -= n
+            seqs += 1
+        return plan

@@ -1,0 +1,1 @@
+"""A scheduler research testbed for LLM serving: one step loop, a simulator and an engine."""

@@ -1,0 +1,140 @@
+"""From a resolved config to written results: the one path every entry point takes.
+
+It builds the request list (loaded or generated, then transformed), the cost model, the
+KV block manager and the policy, runs the chosen backend, and turns what the loop
+recorded into the per-request table and the summary.
+"""
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+import traces
+from testbed.cost_model import CostModel, RooflineCostModel
+from testbed.kv import BlockManager
+from testbed.loop import SchedulerLimits, StepLoop
+from testbed.metrics import SLO, request_table, summarize
+from testbed.policy import make_policy
+from testbed.request import Request
+from testbed.results import steps_frame
+from testbed.sim import Simulation
+from testbed.specs import HardwareSpec, ModelSpec, kv_capacity_blocks
+
+
+@dataclass
+class RunResult:
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict
+    wall_s: float
+
+
+def _obj(cfg: Any, cls):
+    """A typed dataclass instance from a config node (extra keys were rejected by the schema)."""
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    return cls(**data)
+
+
+def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple[int, str, str]]]:
+    """The trace's requests after transforms, and the rows the loader rejected (id, source, reason)."""
+    rejected: list[tuple[int, str, str]] = []
+    if tc.kind == "file":
+        if not tc.path:
+            raise ValueError("trace.path is required when trace.kind=file")
+        load = traces.load_trace(tc.path, tc.format, columns=dict(tc.columns) or None,
+                                 time_unit=tc.time_unit, lenient=tc.lenient)
+        reqs = load.requests
+        rejected = [(r.id, f"{r.file}:{r.line}", f"invalid-row: field {r.field}: {r.reason}") for r in load.rejected]
+    elif tc.kind in ("poisson", "gamma"):
+        if tc.lengths_from:
+            lengths = traces.load_trace(tc.lengths_from, tc.lengths_format).requests
+        elif tc.prompt_len and tc.output_len:
+            lengths = (tc.prompt_len, tc.output_len)
+        else:
+            raise ValueError("trace: a generator needs lengths_from, or both prompt_len and output_len")
+        if tc.kind == "poisson":
+            reqs = traces.poisson(tc.rate, n=tc.num_requests, duration=tc.duration_s, lengths=lengths, seed=seed)
+        else:
+            reqs = traces.gamma(tc.rate, tc.cv, n=tc.num_requests, duration=tc.duration_s, lengths=lengths, seed=seed)
+    else:
+        raise ValueError(f"trace.kind={tc.kind!r}: expected file, poisson or gamma")
+    if tc.start_s is not None or tc.end_s is not None:
+        reqs = traces.time_window(reqs, tc.start_s or 0.0, tc.end_s if tc.end_s is not None else float("inf"))
+    if tc.max_requests is not None:
+        reqs = traces.first_n(reqs, tc.max_requests)
+    if tc.rate_scale != 1.0:
+        reqs = traces.scale_rate(reqs, tc.rate_scale)
+    if tc.max_prompt_len is not None or tc.max_output_len is not None:
+        reqs = traces.cap_lengths(reqs, max_prompt=tc.max_prompt_len, max_output=tc.max_output_len)
+    return reqs, rejected
+
+
+def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
+    name = cfg.cost_model.name
+    if name == "roofline":
+        return RooflineCostModel(model, hw, block_size=cfg.kv.block_size)
+    raise ValueError(f"cost_model.name={name!r}: expected one of ['roofline']")
+
+
+def kv_blocks(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> tuple[int, int]:
+    """Device and host KV capacity in blocks."""
+    kc = cfg.kv
+    if kc.block_size < 1:
+        raise ValueError(f"kv.block_size={kc.block_size}: must be >= 1")
+    if kc.num_blocks is not None:
+        if kc.num_blocks < 1:
+            raise ValueError(f"kv.num_blocks={kc.num_blocks}: must be >= 1")
+        device = kc.num_blocks
+    else:
+        device = kv_capacity_blocks(model, hw, kc.block_size, kc.memory_utilization, kc.activation_reserve_gb * 1e9)
+    host = int(kc.swap_space_gb * 1e9 // (kc.block_size * model.kv_bytes_per_token))
+    return device, host
+
+
+def simulate(cfg: DictConfig) -> RunResult:
+    t0 = time.perf_counter()
+    model = _obj(cfg.model, ModelSpec)
+    hw = _obj(cfg.hardware, HardwareSpec)
+    slo = _obj(cfg.slo, SLO)
+    slo.validate()
+    reqs, load_rejects = build_requests(cfg.trace, cfg.seed)
+    cost = build_cost_model(cfg, model, hw)
+    device_blocks, host_blocks = kv_blocks(cfg, model, hw)
+    limits = SchedulerLimits(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs,
+                             cfg.scheduler.max_model_len or model.max_model_len)
+    knobs = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
+    make_policy(cfg.policy.name, **knobs)  # fail on bad knobs before anything runs
+
+    def make_loop() -> StepLoop:
+        kv = BlockManager(device_blocks, cfg.kv.block_size, cfg.kv.enable_prefix_caching, host_blocks)
+        return StepLoop(make_policy(cfg.policy.name, **knobs), kv, limits, cost,
+                        record_token_times=cfg.output.record_token_times)
+
+    if cfg.backend.name != "sim":
+        raise ValueError(f"backend.name={cfg.backend.name!r}: this entry point runs backend=sim")
+    sim = Simulation(reqs, make_loop, cost, cfg.backend.replicas, cfg.backend.router, cfg.backend.horizon_s)
+    outcome = sim.run()
+    states = [(i, s) for i, loop in enumerate(outcome.loops) for s in loop.states]
+    table = request_table(states, outcome.not_arrived, load_rejects)
+    itl = np.concatenate([np.asarray(loop.itl) for loop in outcome.loops]) if outcome.loops else np.empty(0)
+    summary = summarize(table, itl, slo)
+    summary.update(policy=cfg.policy.name, trace=cfg.trace.name, model=model.name, hardware=hw.name,
+                   cost_model=cost.name, backend="sim", kv_blocks=device_blocks, block_size=cfg.kv.block_size,
+                   seed=cfg.seed, stalled=outcome.stalled, num_steps=sum(len(l.series.duration) for l in outcome.loops))
+    if summary["num_requests"] != len(reqs) + len(load_rejects):
+        raise AssertionError(f"accounting broke: {summary['num_requests']} result rows for "
+                             f"{len(reqs) + len(load_rejects)} trace rows")
+    return RunResult(table, steps_frame([l.series for l in outcome.loops]), summary, time.perf_counter() - t0)
+
+
+def run_info(result: RunResult) -> dict:
+    import simpy
+
+    return {"wall_s": result.wall_s, "python": platform.python_version(), "simpy": simpy.__version__,
+            "numpy": np.__version__, "pandas": pd.__version__, "host": platform.node()}

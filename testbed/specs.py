@@ -1,0 +1,125 @@
+"""Model and hardware descriptions, the inputs every cost model is built from.
+
+They are plain dataclasses so that Hydra can type-check them (`conf/model/*.yaml`,
+`conf/hardware/*.yaml`) and so that the engine can fill a `ModelSpec` from a real
+transformers config: the simulator and the engine then agree on shapes and KV size.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8": 1}
+
+
+@dataclass
+class ModelSpec:
+    name: str = "llama3-8b"
+    hidden_size: int = 4096
+    intermediate_size: int = 14336
+    num_layers: int = 32
+    num_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    vocab_size: int = 128256
+    tie_word_embeddings: bool = False
+    max_model_len: int = 8192
+    dtype: str = "bfloat16"
+
+    @property
+    def dtype_bytes(self) -> int:
+        try:
+            return DTYPE_BYTES[self.dtype]
+        except KeyError:
+            raise ValueError(f"model.dtype={self.dtype!r}: expected one of {sorted(DTYPE_BYTES)}") from None
+
+    @property
+    def layer_params(self) -> int:
+        """Weights of one transformer layer (attention projections, SwiGLU MLP, two norms)."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size + 2 * h
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        lm_head = 0 if self.tie_word_embeddings else self.embedding_params
+        return self.num_layers * self.layer_params + self.embedding_params + lm_head + self.hidden_size
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer for one token."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @classmethod
+    def from_hf_config(cls, path: str | Path, name: str | None = None, dtype: str = "bfloat16") -> "ModelSpec":
+        """Read the shapes from a transformers `config.json` (file or checkpoint folder)."""
+        p = Path(path)
+        cfg = json.loads((p / "config.json" if p.is_dir() else p).read_text())
+        heads = cfg["num_attention_heads"]
+        return cls(
+            name=name or cfg.get("_name_or_path") or p.name,
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            vocab_size=cfg["vocab_size"],
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            max_model_len=cfg.get("max_position_embeddings", 2048),
+            dtype=dtype,
+        )
+
+
+@dataclass
+class HardwareSpec:
+    """Achievable (not datasheet) rates, with efficiency factors for real kernels.
+
+    The shipped H100 figures are the ones measured on an H100 for this project
+    (device-to-device copy and a large bf16 matmul), so the efficiency factors only
+    have to cover what separates a real model's kernels from those best cases.
+    """
+
+    name: str = "h100-sxm"
+    matmul_flops: float = 769e12  # bf16 FLOP/s, large matmul, measured
+    mem_bandwidth: float = 2.98e12  # bytes/s, device copy, measured
+    memory_bytes: float = 80e9
+    compute_efficiency: float = 0.72
+    memory_efficiency: float = 0.88
+    attention_efficiency: float = 0.5
+    step_overhead_s: float = 0.0009  # launch, sampling, host bookkeeping per step (CUDA graphs on)
+    host_link_bandwidth: float = 25e9  # bytes/s device<->host for swap
+
+    def validate(self) -> None:
+        for key in ("matmul_flops", "mem_bandwidth", "memory_bytes", "host_link_bandwidth"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"hardware.{key}={getattr(self, key)}: must be > 0")
+        for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency"):
+            if not 0 < getattr(self, key) <= 1:
+                raise ValueError(f"hardware.{key}={getattr(self, key)}: must be in (0, 1]")
+        if self.step_overhead_s < 0:
+            raise ValueError(f"hardware.step_overhead_s={self.step_overhead_s}: must be >= 0")
+
+
+def kv_capacity_blocks(model: ModelSpec, hw: HardwareSpec, block_size: int,
+                       memory_utilization: float, activation_reserve_bytes: float = 0.0) -> int:
+    """Blocks that fit in the memory left after the weights, as vLLM sizes its cache."""
+    if not 0 < memory_utilization <= 1:
+        raise ValueError(f"kv.memory_utilization={memory_utilization}: must be in (0, 1]")
+    free = hw.memory_bytes * memory_utilization - model.weight_bytes - activation_reserve_bytes
+    blocks = int(free // (block_size * model.kv_bytes_per_token))
+    if blocks < 1:
+        need = model.weight_bytes + activation_reserve_bytes + block_size * model.kv_bytes_per_token
+        raise ValueError(
+            f"model {model.name} does not fit on {hw.name}: weights {model.weight_bytes / 1e9:.2f} GB plus one "
+            f"KV block need {need / 1e9:.2f} GB, {hw.memory_bytes * memory_utilization / 1e9:.2f} GB usable "
+            f"(memory_bytes x kv.memory_utilization)")
+    return blocks

@@ -1,0 +1,43 @@
+"""Shared helpers: tiny traces and loops built by hand, so tests state their inputs."""
+from __future__ import annotations
+
+import pytest
+
+from testbed.cost_model import BatchShape
+from testbed.kv import BlockManager
+from testbed.loop import SchedulerLimits, StepLoop
+from testbed.request import Request
+
+
+class FixedCost:
+    """A cost model whose step times are easy to compute by hand: a + b per token."""
+
+    name = "fixed"
+
+    def __init__(self, base: float = 0.01, per_token: float = 0.0):
+        self.base, self.per_token = base, per_token
+
+    def step_time(self, shape: BatchShape) -> float:
+        return self.base + self.per_token * shape.num_tokens
+
+
+def make_requests(specs, block_tokens: int = 512) -> list[Request]:
+    """specs: (arrival, prompt_len, output_len[, prefix_hashes]) tuples, in arrival order."""
+    out = []
+    for i, spec in enumerate(specs):
+        arrival, p, o, *rest = spec
+        out.append(Request(id=i, arrival=float(arrival), prompt_len=p, output_len=o,
+                           prefix_hashes=tuple(rest[0]) if rest else (), prefix_block_tokens=block_tokens,
+                           source=f"test:{i + 2}"))
+    return out
+
+
+def make_loop(policy, num_blocks=64, block_size=4, budget=64, max_seqs=8, max_len=10_000, host_blocks=0,
+              prefix=True, cost=None) -> StepLoop:
+    kv = BlockManager(num_blocks, block_size, prefix, host_blocks)
+    return StepLoop(policy, kv, SchedulerLimits(budget, max_seqs, max_len), cost or FixedCost())
+
+
+@pytest.fixture
+def fixed_cost():
+    return FixedCost()
