@@ -80,6 +80,7 @@ class BackendConfig:
     replicas: int = 1
     router: str = "round_robin"
     horizon_s: Optional[float] = None
+    fast_forward: bool = True  # merge steady decode steps into one event (exact; see StepLoop.extend_decode_run)
 
 
 @dataclass

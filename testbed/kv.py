@@ -178,7 +178,16 @@ class BlockManager:
         free = len(self._free) + len(self._evictable)
         if need > free:
             raise KVCapacityError(f"needed {need} KV blocks, {free} free")
-        ref, blocks = self._ref, state.blocks
+        self._grab(state.blocks, need)
+
+    def _grab(self, blocks: list[int], need: int) -> None:
+        """Append `need` blocks (free list first, then LRU eviction) to `blocks`; capacity was checked."""
+        ref, free = self._ref, self._free
+        while need and free:
+            b = free.popleft()
+            ref[b] = 1
+            blocks.append(b)
+            need -= 1
         for _ in range(need):
             b = self._take()
             ref[b] = 1
@@ -212,11 +221,7 @@ class BlockManager:
         free = len(self._free) + len(self._evictable)
         if n > free:
             raise KVCapacityError(f"swap in needed {n} KV blocks, {free} free")
-        ref, blocks = self._ref, state.blocks
-        for _ in range(n):
-            b = self._take()
-            ref[b] = 1
-            blocks.append(b)
+        self._grab(state.blocks, n)
         state.num_cached_blocks = len(self._keys(state))  # swapped-in copies are private
         self._host_used -= n
         state.swapped_blocks = 0

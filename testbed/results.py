@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import fields
 from pathlib import Path
 
 import pandas as pd
@@ -34,7 +34,7 @@ def summary_json(summary: dict) -> str:
 def steps_frame(series_by_replica: list[StepSeries]) -> pd.DataFrame:
     frames = []
     for replica, series in enumerate(series_by_replica):
-        cols = asdict(series)
+        cols = {f.name: getattr(series, f.name) for f in fields(series)}
         n = len(cols["duration"])  # a step planned but not completed (horizon) has no duration
         df = pd.DataFrame({k: v[:n] for k, v in cols.items()})
         df.insert(0, "replica", replica)

@@ -118,7 +118,8 @@ def simulate(cfg: DictConfig) -> RunResult:
 
     if cfg.backend.name != "sim":
         raise ValueError(f"backend.name={cfg.backend.name!r}: this entry point runs backend=sim")
-    sim = Simulation(reqs, make_loop, cost, cfg.backend.replicas, cfg.backend.router, cfg.backend.horizon_s)
+    sim = Simulation(reqs, make_loop, cost, cfg.backend.replicas, cfg.backend.router, cfg.backend.horizon_s,
+                     cfg.backend.fast_forward)
     outcome = sim.run()
     states = [(i, s) for i, loop in enumerate(outcome.loops) for s in loop.states]
     table = request_table(states, outcome.not_arrived, load_rejects)
@@ -126,7 +127,8 @@ def simulate(cfg: DictConfig) -> RunResult:
     summary = summarize(table, itl, slo)
     summary.update(policy=cfg.policy.name, trace=cfg.trace.name, model=model.name, hardware=hw.name,
                    cost_model=cost.name, backend="sim", kv_blocks=device_blocks, block_size=cfg.kv.block_size,
-                   seed=cfg.seed, stalled=outcome.stalled, num_steps=sum(len(l.series.duration) for l in outcome.loops))
+                   seed=cfg.seed, stalled=outcome.stalled, num_steps=sum(sum(l.series.steps[:len(l.series.duration)]) for l in outcome.loops),
+                   num_events=sum(len(l.series.duration) for l in outcome.loops))
     if summary["num_requests"] != len(reqs) + len(load_rejects):
         raise AssertionError(f"accounting broke: {summary['num_requests']} result rows for "
                              f"{len(reqs) + len(load_rejects)} trace rows")
