@@ -1,4 +1,10 @@
-"""The bundled batching policies; importing this package registers every one of them."""
-from policies import static, vllm  # noqa: F401
+"""The bundled batching policies. Every module in this package is imported here, and the
+`@register` decorator in each makes its policy selectable as `policy=<name>`: adding a
+policy is adding a module (and its `conf/policy/<name>.yaml`)."""
+import importlib
+import pkgutil
 
-from testbed.policy import make_policy, registered  # noqa: F401
+for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")):
+    importlib.import_module(f"{__name__}.{_mod}")
+
+from testbed.policy import make_policy, registered  # noqa: E402,F401
