@@ -144,6 +144,7 @@ def summarize(df: pd.DataFrame, itl_s: np.ndarray, slo: SLO) -> dict:
     _stats("queue", done["queue_ms"].to_numpy(float), out)
     good = good_mask(df, slo)
     out["slo"] = slo.name
+    out["slo_percentile"] = slo.percentile
     out["good_requests"] = int(good.sum())
     out["request_goodput"] = rate(int(good.sum()))
     out["slo_attainment"] = float(good.mean()) if len(df) else 0.0

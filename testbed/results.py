@@ -72,7 +72,10 @@ def format_table(summary: dict) -> str:
     rows.append(("preemptions", str(summary["num_preemptions"])))
     if summary.get("prefix_cache_hit_rate"):
         rows.append(("prefix cache hit rate", f"{summary['prefix_cache_hit_rate']:.1%}"))
+    failed = [k for k, ok in summary["slo_checks"].items() if not ok]
+    verdict = "pass" if summary["slo_pass"] else "fail" + (f" ({', '.join(failed)})" if failed else "")
     rows.append((f"SLO {summary['slo']}", f"goodput {summary['request_goodput']:.2f} req/s, attainment "
-                                          f"{summary['slo_attainment']:.1%}, pass={summary['slo_pass']}"))
+                                          f"{summary['slo_attainment']:.1%}, p{summary.get('slo_percentile', 99):g} "
+                                          f"check: {verdict}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

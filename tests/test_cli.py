@@ -65,6 +65,10 @@ def test_small_multirun(tmp_path):
     assert len(summaries) == 4, proc.stdout + proc.stderr
     got = {(s["policy"], s["num_requests"]) for s in map(lambda p: json.loads(p.read_text()), summaries)}
     assert got == {("vllm", 100), ("static", 100)}
+    merged = pd.read_csv(tmp_path / "sweep" / "sweep_summary.csv")
+    assert len(merged) == 4 and set(merged.policy) == {"vllm", "static"}
+    assert sorted(merged.rate_scale) == [1, 1, 2, 2]
+    assert "sweep: 4 jobs" in proc.stdout
 
 
 def test_fast_forward_changes_nothing(tmp_path):
@@ -86,3 +90,24 @@ def test_fast_forward_changes_nothing(tmp_path):
     assert {k: v for k, v in on.summary.items() if k not in drop} == {k: v for k, v in off.summary.items() if k not in drop}
     assert on.summary["num_steps"] == off.summary["num_steps"] == int(off.steps.steps.sum())
     assert len(on.steps) < len(off.steps)
+
+
+def test_lenient_rejected_rows_are_accounted(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from testbed.cli import CONF_DIR
+    from testbed.run import simulate
+
+    f = tmp_path / "t.csv"
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.0000000,100,5\n"
+                 "2023-11-16 18:00:01.0000000,-3,5\n2023-11-16 18:00:02.0000000,100,5\n")
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        strict = compose("config", overrides=[f"trace.path={f}"])
+        lenient = compose("config", overrides=[f"trace.path={f}", "trace.lenient=true"])
+    with pytest.raises(ValueError, match=r"t.csv:3: field 'ContextTokens'"):
+        simulate(strict)
+    r = simulate(lenient)
+    assert (r.summary["num_requests"], r.summary["completed"], r.summary["rejected"]) == (3, 2, 1)
+    row = r.requests.set_index("id").loc[1]
+    assert row.outcome == "rejected" and "t.csv:3" == row.source and "negative" in row.reason
+    assert r.summary["reject_reasons"] == {"invalid-row": 1}
