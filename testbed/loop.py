@@ -47,6 +47,10 @@ class Batch:
     shape: BatchShape
     start: float
     ends: list[float] | None = None
+    # KV moves the engine must carry out before the forward: (request, device blocks) pairs,
+    # the blocks a swapped-out request held, and the blocks a swapped-in request now holds
+    swap_out: list[tuple[RequestState, list[int]]] | None = None
+    swap_in: list[tuple[RequestState, list[int]]] | None = None
 
 
 @dataclass
@@ -82,6 +86,8 @@ class StepLoop:
         self.series = StepSeries()
         self.view = SchedulerView(self)
         self._is_steady = getattr(policy, "is_steady", None)
+        self._swap_out: list | None = None
+        self._swap_blocks = 0
         self._on_arrival = getattr(policy, "on_arrival", None)
         self._on_finish = getattr(policy, "on_finish", None)
 
@@ -131,7 +137,13 @@ class StepLoop:
             raise PlanError(self.policy_name, "plan-type", f"schedule() returned {type(plan).__name__}, not a Plan")
         self._validate(plan)
         shape = BatchShape()
+        swap_out, self._swap_out = self._swap_out, None  # swaps of an earlier preempt-only plan
+        shape.swap_blocks, self._swap_blocks = self._swap_blocks, 0
+        swap_in = None
         for s, mode in plan.preempt:
+            if mode != RECOMPUTE:
+                swap_out = swap_out or []
+                swap_out.append((s, list(s.blocks)))
             self._preempt(s, mode, shape)
         admitted = 0
         kv = self.kv
@@ -140,7 +152,10 @@ class StepLoop:
             status = s.status
             if status is not _RUNNING:
                 if status is _SWAPPED:
-                    shape.swap_blocks += self._guard_kv(kv.swap_in, s)
+                    moved = self._guard_kv(kv.swap_in, s)
+                    shape.swap_blocks += moved
+                    swap_in = swap_in or []
+                    swap_in.append((s, s.blocks[:moved]))
                 else:
                     s.num_computed = kv.acquire_prefix(s)
                     s.prefix_hit_tokens += s.num_computed
@@ -154,6 +169,12 @@ class StepLoop:
         if admitted:
             self._drop_admitted_from_waiting(admitted)
         if not plan.items:
+            if plan.preempt:
+                # The preemptions changed what the policy sees: ask again now rather than
+                # wait for an arrival. Each round preempts at least one running request,
+                # so this ends. Swaps are carried to the batch that finally runs.
+                self._swap_out, self._swap_blocks = swap_out, shape.swap_blocks
+                return self.plan(now)
             return None
         self._add_to_shape(shape, plan.items)
         series = self.series
@@ -166,7 +187,7 @@ class StepLoop:
         series.preemptions.append(len(plan.preempt))
         series.steps.append(1)
         self._steady = admitted == 0 and not plan.preempt
-        return Batch(plan.items, shape, now)
+        return Batch(plan.items, shape, now, None, swap_out, swap_in)
 
     def extend_decode_run(self, batch: Batch, step_time, next_arrival: float, horizon: float) -> bool:
         """Turn a steady all-decode batch into a run of identical decode steps.

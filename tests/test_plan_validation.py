@@ -162,3 +162,23 @@ def test_valid_plan_passes_and_applies():
     loop.complete(batch, 0.5)
     assert b.status.value == "finished" and a.num_generated == 1
     assert loop.running == [a]
+
+
+def test_preempt_only_plan_is_followed_by_a_new_plan():
+    # the policy preempts the only running request and schedules nothing; the loop must ask
+    # again at once (not wait for an arrival that may never come) and carry the swap along
+    loop, pol = loop_with(make_requests([(0, 8, 4)]), host_blocks=8)
+    s = loop.waiting[0]
+    pol.next_plan = plan_of((s, 8))
+    loop.complete(loop.plan(0.0), 0.1)
+    calls = []
+
+    def script(view):
+        calls.append(len(view.running))
+        return plan_of(preempt=[(s, "swap")]) if view.running else plan_of((s, 1))
+
+    pol.next_plan = script
+    batch = loop.plan(0.1)
+    assert calls == [1, 0] and batch is not None and batch.items == [(s, 1)]
+    assert batch.swap_out and batch.swap_out[0][0] is s and batch.swap_in and batch.swap_in[0][0] is s
+    assert batch.shape.swap_blocks == 2 * len(batch.swap_out[0][1])
