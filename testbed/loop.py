@@ -404,5 +404,16 @@ class StepLoop:
         self.running = []
 
 
+@dataclass
+class ReplayOutcome:
+    """What a backend hands back after replaying a trace: its loops and what never arrived."""
+
+    loops: list[StepLoop]
+    not_arrived: list[Request] = field(default_factory=list)  # arrivals after the horizon (or an interrupt)
+    end_time: float = 0.0
+    stalled: bool = False
+    interrupted: bool = False
+
+
 def _arrival_order(s: RequestState) -> tuple[float, int]:
     return (s.req.arrival, s.req.id)

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 import traces
 from testbed.cost_model import CostModel, RooflineCostModel
 from testbed.kv import BlockManager
-from testbed.loop import SchedulerLimits, StepLoop
+from testbed.loop import ReplayOutcome, SchedulerLimits, StepLoop
 from testbed.metrics import SLO, request_table, summarize
 from testbed.policy import make_policy
 from testbed.request import Request
@@ -82,8 +82,8 @@ def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> Cos
     raise ValueError(f"cost_model.name={name!r}: expected one of ['roofline']")
 
 
-def kv_blocks(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> tuple[int, int]:
-    """Device and host KV capacity in blocks."""
+def device_kv_blocks(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> int:
+    """Device KV capacity in blocks: set explicitly, or what the memory left after the weights holds."""
     kc = cfg.kv
     if kc.block_size < 1:
         raise ValueError(f"kv.block_size={kc.block_size}: must be >= 1")
@@ -93,46 +93,74 @@ def kv_blocks(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> tuple[int,
         device = kc.num_blocks
     else:
         device = kv_capacity_blocks(model, hw, kc.block_size, kc.memory_utilization, kc.activation_reserve_gb * 1e9)
-    host = int(kc.swap_space_gb * 1e9 // (kc.block_size * model.kv_bytes_per_token))
-    return device, host
+    return device
 
 
-def simulate(cfg: DictConfig) -> RunResult:
-    t0 = time.perf_counter()
-    model = _obj(cfg.model, ModelSpec)
+@dataclass
+class Setup:
+    """Everything a backend needs, built once from the config."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    slo: SLO
+    requests: list[Request]
+    load_rejects: list[tuple[int, str, str]]
+    cost: CostModel
+    device_blocks: int
+    host_blocks: int
+    limits: SchedulerLimits
+    knobs: dict
+
+    def make_loop(self, cfg: DictConfig, device_blocks: int | None = None) -> StepLoop:
+        kv = BlockManager(device_blocks or self.device_blocks, cfg.kv.block_size, cfg.kv.enable_prefix_caching,
+                          self.host_blocks)
+        return StepLoop(make_policy(cfg.policy.name, **self.knobs), kv, self.limits, self.cost,
+                        record_token_times=cfg.output.record_token_times)
+
+
+def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int | None = None) -> Setup:
+    model = model or _obj(cfg.model, ModelSpec)
     hw = _obj(cfg.hardware, HardwareSpec)
     slo = _obj(cfg.slo, SLO)
     slo.validate()
     reqs, load_rejects = build_requests(cfg.trace, cfg.seed)
     cost = build_cost_model(cfg, model, hw)
-    device_blocks, host_blocks = kv_blocks(cfg, model, hw)
+    blocks = device_blocks if device_blocks is not None else device_kv_blocks(cfg, model, hw)
+    host_blocks = int(cfg.kv.swap_space_gb * 1e9 // (cfg.kv.block_size * model.kv_bytes_per_token))
     limits = SchedulerLimits(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs,
                              cfg.scheduler.max_model_len or model.max_model_len)
     knobs = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
     make_policy(cfg.policy.name, **knobs)  # fail on bad knobs before anything runs
+    return Setup(model, hw, slo, reqs, load_rejects, cost, blocks, host_blocks, limits, knobs)
 
-    def make_loop() -> StepLoop:
-        kv = BlockManager(device_blocks, cfg.kv.block_size, cfg.kv.enable_prefix_caching, host_blocks)
-        return StepLoop(make_policy(cfg.policy.name, **knobs), kv, limits, cost,
-                        record_token_times=cfg.output.record_token_times)
 
-    if cfg.backend.name != "sim":
-        raise ValueError(f"backend.name={cfg.backend.name!r}: this entry point runs backend=sim")
-    sim = Simulation(reqs, make_loop, cost, cfg.backend.replicas, cfg.backend.router, cfg.backend.horizon_s,
-                     cfg.backend.fast_forward)
-    outcome = sim.run()
+def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, t0: float) -> RunResult:
+    """The per-request table and the summary of a replay, whichever backend ran it."""
     states = [(i, s) for i, loop in enumerate(outcome.loops) for s in loop.states]
-    table = request_table(states, outcome.not_arrived, load_rejects)
+    table = request_table(states, outcome.not_arrived, setup.load_rejects)
     itl = np.concatenate([np.asarray(loop.itl) for loop in outcome.loops]) if outcome.loops else np.empty(0)
-    summary = summarize(table, itl, slo)
-    summary.update(policy=cfg.policy.name, trace=cfg.trace.name, model=model.name, hardware=hw.name,
-                   cost_model=cost.name, backend="sim", kv_blocks=device_blocks, block_size=cfg.kv.block_size,
-                   seed=cfg.seed, stalled=outcome.stalled, num_steps=sum(sum(l.series.steps[:len(l.series.duration)]) for l in outcome.loops),
-                   num_events=sum(len(l.series.duration) for l in outcome.loops))
-    if summary["num_requests"] != len(reqs) + len(load_rejects):
-        raise AssertionError(f"accounting broke: {summary['num_requests']} result rows for "
-                             f"{len(reqs) + len(load_rejects)} trace rows")
-    return RunResult(table, steps_frame([l.series for l in outcome.loops]), summary, time.perf_counter() - t0)
+    summary = summarize(table, itl, setup.slo)
+    loops = outcome.loops
+    summary.update(policy=cfg.policy.name, trace=cfg.trace.name, model=setup.model.name, hardware=setup.hardware.name,
+                   cost_model=setup.cost.name, backend=backend, kv_blocks=loops[0].kv.num_blocks,
+                   block_size=cfg.kv.block_size, seed=cfg.seed, stalled=outcome.stalled,
+                   interrupted=outcome.interrupted,
+                   num_steps=sum(sum(l.series.steps[:len(l.series.duration)]) for l in loops),
+                   num_events=sum(len(l.series.duration) for l in loops))
+    rows = len(setup.requests) + len(setup.load_rejects)
+    if summary["num_requests"] != rows:
+        raise AssertionError(f"accounting broke: {summary['num_requests']} result rows for {rows} trace rows")
+    return RunResult(table, steps_frame([l.series for l in loops]), summary, time.perf_counter() - t0)
+
+
+def simulate(cfg: DictConfig) -> RunResult:
+    t0 = time.perf_counter()
+    if cfg.backend.name != "sim":
+        raise ValueError(f"backend.name={cfg.backend.name!r}: simulate() runs backend=sim")
+    setup = prepare(cfg)
+    sim = Simulation(setup.requests, lambda: setup.make_loop(cfg), setup.cost, cfg.backend.replicas,
+                     cfg.backend.router, cfg.backend.horizon_s, cfg.backend.fast_forward)
+    return finish(cfg, setup, sim.run(), "sim", t0)
 
 
 def run_info(result: RunResult) -> dict:

@@ -8,24 +8,15 @@ per engine step (and one per arrival), never one per token.
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import simpy
 
 from testbed.cost_model import CostModel
-from testbed.loop import StepLoop
+from testbed.loop import ReplayOutcome, StepLoop
 from testbed.request import Request
 
 ROUTERS = ("round_robin", "least_loaded")
-
-
-@dataclass
-class SimOutcome:
-    loops: list[StepLoop]
-    not_arrived: list[Request] = field(default_factory=list)  # arrivals after the horizon
-    end_time: float = 0.0
-    stalled: bool = False
 
 
 class Simulation:
@@ -51,7 +42,7 @@ class Simulation:
         self._arrivals_done = False
         self.stalled = False
 
-    def run(self) -> SimOutcome:
+    def run(self) -> ReplayOutcome:
         env = self.env
         env.process(self._arrivals())
         for i in range(len(self.loops)):
@@ -68,7 +59,7 @@ class Simulation:
         for loop in self.loops:
             if loop.has_work:
                 loop.abandon("unfinished at the horizon" if not self.stalled else "stalled")
-        return SimOutcome(self.loops, list(self.requests[self._delivered:]), env.now, self.stalled)
+        return ReplayOutcome(self.loops, list(self.requests[self._delivered:]), env.now, self.stalled)
 
     # --- processes ----------------------------------------------------------------------
     def _arrivals(self):
