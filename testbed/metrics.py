@@ -55,7 +55,8 @@ def outcome_of(s: RequestState) -> Outcome:
 
 
 def request_table(states: list[tuple[int, RequestState]], not_arrived: list[Request],
-                  load_rejects: list[tuple[int, str, str]] = ()) -> pd.DataFrame:
+                  load_rejects: list[tuple[int, str, str]] = (),
+                  not_arrived_reason: str = "arrives after the horizon") -> pd.DataFrame:
     """One row per trace row: served states (with their replica), never-arrived requests,
     and rows the loader rejected (id, source, reason)."""
     rows = []
@@ -72,7 +73,7 @@ def request_table(states: list[tuple[int, RequestState]], not_arrived: list[Requ
                      ttft, tpot, e2el, s.token_times))
     for r in not_arrived:
         rows.append((r.id, r.source, -1, r.arrival, r.prompt_len, r.output_len, r.tenant, r.priority,
-                     Outcome.UNFINISHED.value, "arrives after the horizon", 0, 0, 0,
+                     Outcome.UNFINISHED.value, not_arrived_reason, 0, 0, 0,
                      math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, None))
     for rid, source, reason in load_rejects:
         rows.append((rid, source, -1, math.nan, -1, -1, "", 0, Outcome.REJECTED.value, reason, 0, 0, 0,

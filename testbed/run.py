@@ -137,7 +137,8 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
 def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, t0: float) -> RunResult:
     """The per-request table and the summary of a replay, whichever backend ran it."""
     states = [(i, s) for i, loop in enumerate(outcome.loops) for s in loop.states]
-    table = request_table(states, outcome.not_arrived, setup.load_rejects)
+    table = request_table(states, outcome.not_arrived, setup.load_rejects,
+                          "interrupted before it arrived" if outcome.interrupted else "arrives after the horizon")
     itl = np.concatenate([np.asarray(loop.itl) for loop in outcome.loops]) if outcome.loops else np.empty(0)
     summary = summarize(table, itl, setup.slo)
     loops = outcome.loops

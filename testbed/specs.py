@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8": 1}
 
@@ -26,6 +27,11 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     max_model_len: int = 8192
     dtype: str = "bfloat16"
+    # for the engine: which transformers architecture the shapes belong to, and where weights come from
+    family: str = "llama"  # llama, qwen2 or mistral
+    rope_theta: float = 500000.0
+    checkpoint: Optional[str] = None  # a local checkpoint folder; nothing is ever downloaded
+    random_weights: bool = True  # build from these shapes with random weights (timings depend on shapes only)
 
     @property
     def dtype_bytes(self) -> int:
