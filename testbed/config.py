@@ -89,6 +89,7 @@ class OutputConfig:
     record_token_times: bool = False  # per-token times in requests.parquet (large)
     write_steps: bool = True  # the per-step time series, steps.parquet
     print_table: bool = True
+    progress: Optional[bool] = None  # a progress bar; null: only on a terminal, never in CI or sweep workers
 
 
 @dataclass

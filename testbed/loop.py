@@ -257,10 +257,7 @@ class StepLoop:
                 if s.token_times is not None:
                     s.token_times.append(now)
                 if s.num_generated >= s.req.output_len:
-                    kv.free(s)
-                    s.status = Status.FINISHED
-                    s.finish_time = now
-                    del self.live[s.req.id]
+                    self._finish(s, now)
                     any_finished = True
         if any_finished:
             self._after_finish(batch, now)
@@ -281,13 +278,16 @@ class StepLoop:
             s.num_generated += k
             s.last_token_time = end
             if s.num_generated >= s.req.output_len:
-                self.kv.free(s)
-                s.status = Status.FINISHED
-                s.finish_time = end
-                del self.live[s.req.id]
+                self._finish(s, end)
                 any_finished = True
         if any_finished:
             self._after_finish(batch, end)
+
+    def _finish(self, s: RequestState, now: float) -> None:
+        self.kv.free(s)
+        s.status = Status.FINISHED
+        s.finish_time = now
+        del self.live[s.req.id]
 
     def _after_finish(self, batch: Batch, now: float) -> None:
         self.running = [s for s in self.running if s.status is _RUNNING]

@@ -6,7 +6,10 @@ recorded into the per-request table and the summary.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import platform
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -159,9 +162,40 @@ def simulate(cfg: DictConfig) -> RunResult:
     if cfg.backend.name != "sim":
         raise ValueError(f"backend.name={cfg.backend.name!r}: simulate() runs backend=sim")
     setup = prepare(cfg)
-    sim = Simulation(setup.requests, lambda: setup.make_loop(cfg), setup.cost, cfg.backend.replicas,
-                     cfg.backend.router, cfg.backend.horizon_s, cfg.backend.fast_forward)
-    return finish(cfg, setup, sim.run(), "sim", t0)
+    with progress_bar(cfg, setup.requests) as progress:
+        sim = Simulation(setup.requests, lambda: setup.make_loop(cfg), setup.cost, cfg.backend.replicas,
+                         cfg.backend.router, cfg.backend.horizon_s, cfg.backend.fast_forward, progress)
+        outcome = sim.run()
+    return finish(cfg, setup, outcome, "sim", t0)
+
+
+@contextlib.contextmanager
+def progress_bar(cfg: DictConfig, requests: list[Request]):
+    """A tqdm bar over the trace's arrivals (simulated seconds), or None when it would be noise."""
+    show = cfg.output.progress
+    if show is None:
+        show = sys.stderr.isatty() and not os.environ.get("CI") and not _in_multirun()
+    if not show or not requests:
+        yield None
+        return
+    from tqdm import tqdm
+
+    span = requests[-1].arrival
+    with tqdm(total=round(span), unit="s", desc=f"{cfg.policy.name} on {cfg.trace.name} (simulated s)",
+              leave=False) as bar:
+        def update(now: float, delivered: int) -> None:
+            bar.n = min(round(now), bar.total)
+            bar.set_postfix(requests=delivered, refresh=False)
+            bar.refresh()
+
+        yield update
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def run_info(result: RunResult) -> dict:

@@ -22,7 +22,7 @@ ROUTERS = ("round_robin", "least_loaded")
 class Simulation:
     def __init__(self, requests: Sequence[Request], make_loop: Callable[[], StepLoop], cost_model: CostModel,
                  replicas: int = 1, router: str = "round_robin", horizon_s: float | None = None,
-                 fast_forward: bool = True):
+                 fast_forward: bool = True, progress: Callable[[float, int], None] | None = None):
         if replicas < 1:
             raise ValueError(f"sim.replicas={replicas}: must be >= 1")
         if router not in ROUTERS:
@@ -35,6 +35,7 @@ class Simulation:
         self.router = router
         self.horizon_s = horizon_s
         self.fast_forward = fast_forward
+        self.progress = progress  # called with (simulated time, requests delivered) now and then
         self.env = simpy.Environment()
         self._idle: list[simpy.Event | None] = [None] * replicas
         self._next = 0
@@ -71,6 +72,8 @@ class Simulation:
             self.loops[i].arrive(req, env.now)
             self._delivered += 1
             self._wake(i)
+            if self.progress is not None and not self._delivered & 1023:
+                self.progress(env.now, self._delivered)
         self._arrivals_done = True
         for i in range(len(self.loops)):
             self._wake(i)
