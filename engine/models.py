@@ -84,22 +84,55 @@ def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"model dtype {dtype!r}: expected bfloat16, float16 or float32") from None
 
 
-def build_model(source: str | Path | PretrainedConfig, dtype: str | torch.dtype = torch.bfloat16,
-               device: str | torch.device = "cpu", seed: int = 0,
-               attn_implementation: str | None = None) -> PreTrainedModel:
-    """A causal LM in eval mode from a checkpoint folder, a preset name or a config object.
+_FAMILIES = ("llama", "qwen2", "mistral")
 
-    A folder holding config.json is loaded with `from_pretrained` (local files only,
-    never a download); anything else is built from its config with random weights drawn
-    after `torch.manual_seed(seed)`, directly on `device` (an 8B model never passes
-    through host memory). `attn_implementation=None` keeps transformers' default (sdpa);
-    the runner switches the model to the paged attention itself.
+
+def config_of_spec(spec: ModelSpec) -> PretrainedConfig:
+    """A transformers config with a `ModelSpec`'s shapes (conf/model/*.yaml), for random weights.
+
+    Only shapes and `rope_theta` come from the spec; RoPE scaling variants (Llama 3.1/3.2)
+    do not change a step's cost, so they are left out. No EOS: generation never stops early.
     """
-    dtype = _torch_dtype(dtype)
+    if spec.family not in _FAMILIES:
+        raise ValueError(f"model.family={spec.family!r}: expected one of {_FAMILIES}")
+    return AutoConfig.for_model(
+        spec.family, _name_or_path=spec.name, hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+        vocab_size=spec.vocab_size, max_position_embeddings=spec.max_model_len,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": float(spec.rope_theta)},
+        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def build_model(source: str | Path | PretrainedConfig | ModelSpec, dtype: str | torch.dtype | None = None,
+                device: str | torch.device = "cpu", seed: int = 0,
+                attn_implementation: str | None = None) -> PreTrainedModel:
+    """A causal LM in eval mode from a checkpoint folder, a preset name, a config or a `ModelSpec`.
+
+    A folder holding config.json (or a spec whose `checkpoint` names one) is loaded with
+    `from_pretrained`, local files only, never a download. Anything else is built from its
+    config with random weights drawn after `torch.manual_seed(seed)`, directly on `device`
+    (an 8B model never passes through host memory). `dtype` defaults to the spec's, else
+    bfloat16. `attn_implementation=None` keeps transformers' default (sdpa); the runner
+    switches the model to paged attention itself.
+    """
+    if isinstance(source, ModelSpec):
+        dtype = dtype or source.dtype
+        if source.checkpoint:
+            source = source.checkpoint
+        elif not source.random_weights:
+            raise ValueError(f"model {source.name}: random_weights=false needs model.checkpoint (a local folder)")
+        else:
+            source = config_of_spec(source)
+    dtype = _torch_dtype(dtype or torch.bfloat16)
     extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     if isinstance(source, (str, Path)) and (Path(source) / "config.json").is_file():
         model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=dtype, **extra)
         model.to(device)
+    elif isinstance(source, (str, Path)) and source not in PRESETS:
+        raise ValueError(f"model {str(source)!r}: neither a checkpoint folder with config.json "
+                         f"nor a preset ({sorted(PRESETS)})")
     else:
         config = source if isinstance(source, PretrainedConfig) else make_config(str(source))
         torch.manual_seed(seed)
@@ -110,15 +143,18 @@ def build_model(source: str | Path | PretrainedConfig, dtype: str | torch.dtype 
 
 def model_spec_of(hf_config: PretrainedConfig, name: str | None = None, dtype: str | None = None) -> ModelSpec:
     """The `ModelSpec` of an in-memory transformers config, mapped as `ModelSpec.from_hf_config`
-    maps a config.json (this reads the same keys from `to_dict()`); `dtype` defaults to the
-    config's own when it is one the cost model knows, else bfloat16."""
+    maps a config.json (the same keys, read from `to_dict()`), plus the engine's fields
+    (family, rope_theta, checkpoint). `dtype` defaults to the config's own when the cost
+    model knows it, else bfloat16."""
     cfg = hf_config.to_dict()
     heads = cfg["num_attention_heads"]
+    src = str(cfg.get("_name_or_path") or "")
+    ckpt = src if src and (Path(src) / "config.json").is_file() else None  # loaded from a local checkpoint
     if dtype is None:
         d = str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16").removeprefix("torch.")
         dtype = d if d in DTYPE_BYTES else "bfloat16"
     return ModelSpec(
-        name=name or cfg.get("_name_or_path") or cfg.get("model_type", "model"),
+        name=name or (Path(src).name if ckpt else src) or cfg.get("model_type", "model"),
         hidden_size=cfg["hidden_size"],
         intermediate_size=cfg["intermediate_size"],
         num_layers=cfg["num_hidden_layers"],
@@ -129,4 +165,8 @@ def model_spec_of(hf_config: PretrainedConfig, name: str | None = None, dtype: s
         tie_word_embeddings=cfg.get("tie_word_embeddings", False),
         max_model_len=cfg.get("max_position_embeddings", 2048),
         dtype=dtype,
+        family=cfg.get("model_type", "llama"),
+        rope_theta=float((cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta") or 10000.0),
+        checkpoint=ckpt,
+        random_weights=ckpt is None,
     )

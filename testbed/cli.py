@@ -8,6 +8,7 @@ package, not inside it. This way the command works from any directory.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import hydra
@@ -25,17 +26,23 @@ register_configs()
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     from testbed.results import format_table, write_results
-    from testbed.run import run_info, simulate
+    from testbed.run import run, run_info
 
-    result = simulate(cfg)
+    result = run(cfg)
     out = write_results(cfg.output.dir, result.requests, result.steps if cfg.output.write_steps else None,
                         result.summary, OmegaConf.to_yaml(cfg, resolve=True), run_info(result))
     if cfg.output.print_table:
-        title = f"{cfg.policy.name} on {cfg.trace.name} ({cfg.model.name}, {cfg.hardware.name}, {cfg.cost_model.name})"
+        where = (f"{cfg.hardware.name}, {cfg.cost_model.name}" if cfg.backend.name == "sim"
+                 else f"engine on {result.summary.get('device')}")
+        title = f"{cfg.policy.name} on {cfg.trace.name} ({cfg.model.name}, {where})"
         overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
         print(f"\n{title}" + (f"  [{' '.join(overrides)}]" if overrides else ""))
         print(format_table(result.summary))
-        print(f"results: {out}  (simulated in {result.wall_s:.2f} s wall)")
+        what = "simulated" if cfg.backend.name == "sim" else "replayed on the engine"
+        print(f"results: {out}  ({what} in {result.wall_s:.2f} s wall)")
+    if result.summary.get("interrupted"):
+        print("interrupted: unfinished requests are marked as such in the results", file=sys.stderr)
+        sys.exit(130)
     return result.summary
 
 

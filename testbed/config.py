@@ -81,6 +81,9 @@ class BackendConfig:
     router: str = "round_robin"
     horizon_s: Optional[float] = None
     fast_forward: bool = True  # merge steady decode steps into one event (exact; see StepLoop.extend_decode_run)
+    # backend=engine only
+    device: str = "auto"  # auto (cuda when available), cuda, cuda:N or cpu
+    dtype: Optional[str] = None  # null: the model's dtype
 
 
 @dataclass

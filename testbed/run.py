@@ -169,6 +169,28 @@ def simulate(cfg: DictConfig) -> RunResult:
     return finish(cfg, setup, outcome, "sim", t0)
 
 
+def replay_on_engine(cfg: DictConfig) -> RunResult:
+    """Replay the trace in real time on the engine (torch + transformers, paged KV)."""
+    from engine.setup import build_engine
+
+    t0 = time.perf_counter()
+    spec = _obj(cfg.model, ModelSpec)
+    engine = build_engine(cfg, spec)
+    setup = prepare(cfg, model=engine.spec, device_blocks=engine.num_blocks)
+    replay = engine.replay(setup.requests, setup.make_loop(cfg, engine.num_blocks), cfg.backend.horizon_s, cfg.seed)
+    result = finish(cfg, setup, replay.run(), "engine", t0)
+    result.summary.update(device=engine.device_name, dtype=str(engine.dtype).removeprefix("torch."))
+    return result
+
+
+def run(cfg: DictConfig) -> RunResult:
+    if cfg.backend.name == "sim":
+        return simulate(cfg)
+    if cfg.backend.name == "engine":
+        return replay_on_engine(cfg)
+    raise ValueError(f"backend.name={cfg.backend.name!r}: expected sim or engine")
+
+
 @contextlib.contextmanager
 def progress_bar(cfg: DictConfig, requests: list[Request]):
     """A tqdm bar over the trace's arrivals (simulated seconds), or None when it would be noise."""
