@@ -1,0 +1,109 @@
+"""backend=engine end to end on the CPU with the tiny model: same files as the simulator,
+correct tokens under every policy, and the fault paths."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from testbed.cli import CONF_DIR
+from testbed.policy import registered
+from testbed.run import replay_on_engine, simulate
+
+TINY = ["backend=engine", "model=tiny_llama", "backend.device=cpu"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)  # two threads on a loaded 2-core machine spin against each other
+    yield
+    torch.set_num_threads(old)
+
+
+def config(*overrides):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_engine_replays_200_azure_requests_like_the_simulator(tmp_path):
+    from testbed.cli import main  # noqa: F401  (the entry point's module registers the configs)
+    from testbed.results import write_results
+    from testbed.run import run_info
+
+    common = ["trace.max_requests=200", "trace.rate_scale=20", "trace.max_prompt_len=256", "trace.max_output_len=32"]
+    real = replay_on_engine(config(*TINY, *common))
+    sim = simulate(config("model=tiny_llama", *common))
+    for name, r in (("engine", real), ("sim", sim)):
+        write_results(tmp_path / name, r.requests, r.steps, r.summary, "x: 1\n", run_info(r))
+    files = lambda d: sorted(p.name for p in (tmp_path / d).iterdir())  # noqa: E731
+    assert files("engine") == files("sim")
+    e = pd.read_parquet(tmp_path / "engine" / "requests.parquet")
+    s = pd.read_parquet(tmp_path / "sim" / "requests.parquet")
+    assert list(e.columns) == list(s.columns) and len(e) == len(s) == 200
+    summary = json.loads((tmp_path / "engine" / "summary.json").read_text())
+    assert summary["completed"] == 200 and summary["backend"] == "engine" and summary["device"] == "cpu"
+    assert (e.generated == e.output_len).all() and e.ttft_ms.notna().all()
+
+
+def crafted_trace(path):
+    """Three long prompts at once (they outgrow a 100-block cache: preemption), then three
+    that share the first one's 512-token prefix (prefix sharing), all chunked by a 256 budget."""
+    rows = [(0, 700, 10, [1, 2]), (0, 650, 10, [3, 4]), (0, 600, 10, [5, 6]),
+            (300, 700, 8, [1, 7]), (320, 560, 8, [1, 8]), (340, 530, 8, [1, 9])]
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": p, "output_length": o, "hash_ids": h}) + "\n"
+                            for t, p, o, h in rows))
+    return path
+
+
+@pytest.mark.parametrize("policy", sorted(registered()))
+def test_engine_tokens_equal_generate_under_every_policy(policy, tmp_path):
+    """Greedy tokens from the engine equal transformers' generate, with chunked prefill,
+    preemption forced by a small KV cache, and prefix sharing (the Mooncake trace)."""
+    from engine.models import build_model
+    from engine.prompts import PromptTokens
+    from engine.setup import build_engine
+    from testbed.run import prepare
+    from testbed.specs import ModelSpec
+
+    cfg = config(*TINY, f"policy={policy}", "trace=mooncake", f"trace.path={crafted_trace(tmp_path / 't.jsonl')}",
+                 "kv.num_blocks=100", "kv.block_size=16", "scheduler.max_num_batched_tokens=256")
+    engine = build_engine(cfg, ModelSpec(**{k: v for k, v in cfg.model.items()}))
+    setup = prepare(cfg, model=engine.spec, device_blocks=engine.num_blocks)
+    loop = setup.make_loop(cfg, engine.num_blocks)
+    replay = engine.replay(setup.requests, loop, None, cfg.seed)
+    replay.run()
+    assert sorted(replay.generated) == [r.id for r in setup.requests]
+    reference = build_model(engine.spec, "float32", "cpu", seed=cfg.seed)  # the same seeded random weights
+    prompts = PromptTokens(engine.spec.vocab_size, cfg.seed)
+    for r in setup.requests:
+        ids = torch.tensor([prompts(r)])
+        want = reference.generate(ids, max_new_tokens=r.output_len, min_new_tokens=r.output_len,
+                                  do_sample=False)[0, ids.shape[1]:].tolist()
+        assert replay.generated[r.id] == want, f"request {r.id} under {policy}"
+    # the scenario really exercised chunking, preemption and prefix sharing
+    assert max(r.prompt_len for r in setup.requests) > 256
+    if policy == "vllm":
+        assert sum(s.num_preemptions for s in loop.states) > 0
+    assert loop.kv.hit_tokens >= 512  # a later request reused the first one's prefix blocks
+
+
+def test_model_that_does_not_fit_fails_at_start():
+    from engine.setup import DoesNotFit
+
+    with pytest.raises(DoesNotFit, match=r"weights need .* GB .* GB is usable"):
+        replay_on_engine(config("backend=engine", "backend.device=cpu", "model=llama3_8b", "model.dtype=float32",
+                                "kv.memory_utilization=0.01", "trace.max_requests=1"))
+    with pytest.raises(DoesNotFit, match=r"KV cache of 100000000 blocks .* GB is free"):
+        replay_on_engine(config(*TINY, "kv.num_blocks=100000000", "trace.max_requests=1"))
+
+
+def test_prompt_longer_than_the_context_is_rejected_with_its_reason():
+    r = replay_on_engine(config(*TINY, "trace.max_requests=20", "trace.rate_scale=50", "trace.max_output_len=8",
+                                "scheduler.max_model_len=600"))
+    rejected = r.requests[r.requests.outcome == "rejected"]
+    assert len(rejected) > 0 and rejected.reason.str.contains("max_model_len 600").all()
+    assert r.summary["completed"] + r.summary["rejected"] == 20
