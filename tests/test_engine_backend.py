@@ -107,3 +107,17 @@ def test_prompt_longer_than_the_context_is_rejected_with_its_reason():
     rejected = r.requests[r.requests.outcome == "rejected"]
     assert len(rejected) > 0 and rejected.reason.str.contains("max_model_len 600").all()
     assert r.summary["completed"] + r.summary["rejected"] == 20
+
+
+def test_engine_bench_runs_on_cpu(tmp_path, monkeypatch):
+    """The GPU benchmark script's code path, on the tiny model (its figures mean nothing here)."""
+    import sys
+
+    from engine import bench
+
+    out = tmp_path / "bench.md"
+    monkeypatch.setattr(sys, "argv", ["bench", "--model", "tiny_llama", "--device", "cpu", "--dtype", "float32",
+                                      "--small", "--repeats", "2", "--out", str(out)])
+    bench.main()
+    text = out.read_text()
+    assert "decode step, batch 8" in text and "prefill 256 tokens" in text and "16 x (64 in, 16 out)" in text
