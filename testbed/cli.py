@@ -31,6 +31,10 @@ def main(cfg: DictConfig) -> dict:
     result = run(cfg)
     out = write_results(cfg.output.dir, result.requests, result.steps if cfg.output.write_steps else None,
                         result.summary, OmegaConf.to_yaml(cfg, resolve=True), run_info(result))
+    if cfg.logger.name == "wandb":
+        from testbed.wandb_log import log_to_wandb
+
+        log_to_wandb(cfg, result, out)
     if cfg.output.print_table:
         where = (f"{cfg.hardware.name}, {cfg.cost_model.name}" if cfg.backend.name == "sim"
                  else f"engine on {result.summary.get('device')}")

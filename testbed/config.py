@@ -96,6 +96,17 @@ class OutputConfig:
 
 
 @dataclass
+class LoggerConfig:
+    name: str = "none"  # none or wandb
+    project: str = "llm-sched-testbed"
+    entity: Optional[str] = None
+    group: Optional[str] = None  # null: the sweep folder's name under a multirun
+    mode: Optional[str] = None  # null: offline unless WANDB_API_KEY is set (or WANDB_MODE)
+    max_history_rows: int = 2000
+    log_requests_table: bool = True
+
+
+@dataclass
 class TestbedConfig:
     trace: TraceConfig = MISSING
     policy: Any = MISSING
@@ -104,6 +115,7 @@ class TestbedConfig:
     cost_model: CostModelConfig = MISSING
     slo: SLO = MISSING
     backend: BackendConfig = MISSING
+    logger: LoggerConfig = MISSING
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv: KVConfig = field(default_factory=KVConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
@@ -121,5 +133,6 @@ def register_configs() -> None:
     cs.store(group="cost_model", name="cost_model_schema", node=CostModelConfig)
     cs.store(group="slo", name="slo_schema", node=SLO)
     cs.store(group="backend", name="backend_schema", node=BackendConfig)
+    cs.store(group="logger", name="logger_schema", node=LoggerConfig)
     for name, cls in registered().items():
         cs.store(group="policy", name=f"{name}_schema", node=cls.Knobs)
