@@ -130,6 +130,9 @@ def summarize(df: pd.DataFrame, itl_s: np.ndarray, slo: SLO) -> dict:
     }
     duration = float(done["finish_s"].max() - df["arrival_s"].min()) if len(done) else 0.0
     out["duration_s"] = duration
+    arrivals = df["arrival_s"].dropna()
+    span = float(arrivals.max() - arrivals.min()) if len(arrivals) > 1 else 0.0
+    out["offered_request_rate"] = (len(arrivals) - 1) / span if span > 0 else 0.0  # the load: arrivals per second
     out["total_input_tokens"] = int(done["prompt_len"].sum())
     out["total_output_tokens"] = int(done["output_len"].sum())
     prompt_tokens = df.loc[df["prompt_len"] > 0, "prompt_len"].sum()

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
-HEADLINE = ["policy", "trace", "rate_scale", "completed", "rejected", "unfinished", "request_throughput",
+HEADLINE = ["policy", "trace", "rate_scale", "offered_request_rate", "completed", "rejected", "unfinished", "request_throughput",
             "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
             "p99_itl_ms", "p99_e2el_ms", "num_preemptions", "request_goodput", "slo_attainment"]
 

@@ -70,6 +70,21 @@ def test_small_multirun(tmp_path):
     assert sorted(merged.rate_scale) == [1, 1, 2, 2]
     assert "sweep: 4 jobs" in proc.stdout
 
+    # the HTML report of that sweep: every plot is a real, non-blank image, embedded in the page
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    from testbed.report import build_report
+
+    page = build_report(tmp_path / "sweep")
+    pngs = sorted((tmp_path / "sweep" / "report_figures").glob("*.png"))
+    assert len(pngs) == 7  # six metrics against load, and the CDFs
+    for png in pngs:
+        img = mpimg.imread(png)[..., :3]
+        assert (img < 0.9).mean() > 0.01, f"{png.name} is blank"
+    text = page.read_text()
+    assert text.count("data:image/png;base64,") == 7 and "<table" in text and "static" in text
+
 
 def test_fast_forward_changes_nothing(tmp_path):
     from hydra import compose, initialize_config_dir
