@@ -7,6 +7,7 @@ package, not inside it. This way the command works from any directory.
 """
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -28,6 +29,10 @@ def main(cfg: DictConfig) -> dict:
     from testbed.results import format_table, write_results
     from testbed.run import run, run_info
 
+    done = _finished_before(cfg)
+    if done is not None:
+        print(f"skipped: {cfg.output.dir} already holds the results of this exact config")
+        return done
     result = run(cfg)
     out = write_results(cfg.output.dir, result.requests, result.steps if cfg.output.write_steps else None,
                         result.summary, OmegaConf.to_yaml(cfg, resolve=True), run_info(result))
@@ -48,6 +53,49 @@ def main(cfg: DictConfig) -> dict:
         print("interrupted: unfinished requests are marked as such in the results", file=sys.stderr)
         sys.exit(130)
     return result.summary
+
+
+def _finished_before(cfg: DictConfig) -> dict | None:
+    """The summary of an earlier run of this very config in this folder, so reruns skip it."""
+    out = Path(cfg.output.dir)
+    summary, config = out / "summary.json", out / "config.yaml"
+    if not (cfg.output.skip_done and summary.exists() and config.exists()):
+        return None
+    if config.read_text() != OmegaConf.to_yaml(cfg, resolve=True):
+        return None
+    return json.loads(summary.read_text())
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def capacity(cfg: DictConfig) -> dict:
+    """Highest trace.rate_scale at which slo.attainment_target of requests meet the SLO (simulator)."""
+    from testbed.capacity import bisect_max_scale
+    from testbed.run import simulate
+
+    c = cfg.capacity
+
+    def attainment(scale: float) -> float:
+        job = cfg.copy()
+        job.trace.rate_scale = float(scale)
+        job.output.progress = False
+        s = simulate(job).summary
+        log.info("rate_scale %.4g: attainment %.3f, goodput %.3f req/s", scale, s["slo_attainment"], s["request_goodput"])
+        return s["slo_attainment"]
+
+    res = bisect_max_scale(attainment, cfg.slo.attainment_target, c.lo, c.hi, c.rel_tol, c.max_evals)
+    out = Path(cfg.output.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    answer = {"policy": cfg.policy.name, "trace": cfg.trace.name, "slo": cfg.slo.name,
+              "attainment_target": cfg.slo.attainment_target, "max_rate_scale": res.best_scale,
+              "bracketed": res.bracketed,
+              "curve": [{"rate_scale": x, "slo_attainment": a} for x, a in sorted(res.curve)]}
+    (out / "capacity.json").write_text(json.dumps(answer, indent=2) + "\n")
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    verdict = ("none: even the lowest load missed the target" if res.best_scale is None else
+               f"{res.best_scale:.3g}x the trace's load" + ("" if res.bracketed else f" (or more: {c.hi:g}x met it)"))
+    print(f"{cfg.policy.name} on {cfg.trace.name}, SLO {cfg.slo.name} at {cfg.slo.attainment_target:.0%}: "
+          f"max load {verdict}; {len(res.curve)} simulations -> {out / 'capacity.json'}")
+    return answer
 
 
 if __name__ == "__main__":

@@ -92,6 +92,7 @@ class OutputConfig:
     record_token_times: bool = False  # per-token times in requests.parquet (large)
     write_steps: bool = True  # the per-step time series, steps.parquet
     print_table: bool = True
+    skip_done: bool = True  # a folder already holding this exact config's results is not run again
     progress: Optional[bool] = None  # a progress bar; null: only on a terminal, never in CI or sweep workers
 
 
@@ -107,6 +108,16 @@ class LoggerConfig:
 
 
 @dataclass
+class CapacityConfig:
+    """`testbed-capacity`: bisection over trace.rate_scale for the highest load meeting the SLO."""
+
+    lo: float = 0.25
+    hi: float = 8.0
+    rel_tol: float = 0.02
+    max_evals: int = 16
+
+
+@dataclass
 class TestbedConfig:
     trace: TraceConfig = MISSING
     policy: Any = MISSING
@@ -119,6 +130,7 @@ class TestbedConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv: KVConfig = field(default_factory=KVConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
     seed: int = 0
 
 

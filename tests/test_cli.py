@@ -126,3 +126,29 @@ def test_lenient_rejected_rows_are_accounted(tmp_path):
     row = r.requests.set_index("id").loc[1]
     assert row.outcome == "rejected" and "t.csv:3" == row.source and "negative" in row.reason
     assert r.summary["reject_reasons"] == {"invalid-row": 1}
+
+
+def test_failed_job_keeps_the_others_and_rerun_skips_finished(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "kv.num_blocks=4000,0,3000", "trace.max_requests=80", f"hydra.sweep.dir={sweep}",
+            "hydra.sweep.subdir=${hydra.job.num}", "output.print_table=false"]
+    first = run_cli(args, cwd=tmp_path, check=False)
+    assert first.returncode != 0 and "kv.num_blocks=0" in first.stdout + first.stderr
+    done = sorted(p.parent.name for p in sweep.glob("*/summary.json"))
+    assert done == ["0", "2"]  # the failed job lost nothing but itself
+    stamp = (sweep / "0" / "summary.json").stat().st_mtime_ns
+    again = run_cli(args, cwd=tmp_path, check=False)
+    assert again.stdout.count("skipped:") == 2
+    assert (sweep / "0" / "summary.json").stat().st_mtime_ns == stamp
+
+
+def test_capacity_command(tmp_path):
+    exe = shutil.which("testbed-capacity")
+    assert exe, "the testbed-capacity console script is not installed"
+    proc = subprocess.run([exe, "trace.max_requests=400", "capacity.rel_tol=0.1", "capacity.hi=16",
+                           f"output.dir={tmp_path}/cap"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((tmp_path / "cap" / "capacity.json").read_text())
+    assert res["bracketed"] and res["max_rate_scale"] is not None
+    curve = {p["rate_scale"]: p["slo_attainment"] for p in res["curve"]}
+    assert curve[res["max_rate_scale"]] >= 0.9 and min(curve.values()) < 0.9
