@@ -152,3 +152,13 @@ def test_capacity_command(tmp_path):
     assert res["bracketed"] and res["max_rate_scale"] is not None
     curve = {p["rate_scale"]: p["slo_attainment"] for p in res["curve"]}
     assert curve[res["max_rate_scale"]] >= 0.9 and min(curve.values()) < 0.9
+
+
+def test_submitit_local_launcher(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    run_cli(["-m", "hydra/launcher=local_processes", "policy=vllm,static", "trace.max_requests=60",
+             f"hydra.sweep.dir={tmp_path}/sweep", "output.print_table=false"], cwd=tmp_path)
+    summaries = [json.loads(p.read_text()) for p in (tmp_path / "sweep").glob("*/summary.json")]
+    assert sorted(s["policy"] for s in summaries) == ["static", "vllm"]
+    assert all(s["completed"] == 60 for s in summaries)
+    assert (tmp_path / "sweep" / "sweep_summary.csv").exists()
