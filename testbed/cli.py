@@ -34,6 +34,8 @@ def main(cfg: DictConfig) -> dict:
         print(f"skipped: {cfg.output.dir} already holds the results of this exact config")
         return done
     result = run(cfg)
+    if HydraConfig.initialized():  # the policy's config name tells variants of one policy apart
+        result.summary["policy_config"] = HydraConfig.get().runtime.choices.get("policy", cfg.policy.name)
     out = write_results(cfg.output.dir, result.requests, result.steps if cfg.output.write_steps else None,
                         result.summary, OmegaConf.to_yaml(cfg, resolve=True), run_info(result))
     if cfg.logger.name == "wandb":

@@ -79,6 +79,8 @@ def build_report(sweep_dir: str | Path, rate_scale: float | None = None, out: st
     df = write_sweep_table(sweep)
     if df.empty:
         raise FileNotFoundError(f"no job under {sweep} has a summary.json: is this a multirun folder?")
+    if "policy_config" in df:  # label variants of one policy (sglang_lpm, ...) by their config name
+        df["policy"] = df["policy_config"].fillna(df["policy"])
     figs = sweep / "report_figures"
     figs.mkdir(exist_ok=True)
     images = [(label, _vs_rate(df, m, label, figs / f"{m}_vs_rate.png")) for m, label in VS_RATE if m in df]

@@ -162,3 +162,12 @@ def test_submitit_local_launcher(tmp_path):
     assert sorted(s["policy"] for s in summaries) == ["static", "vllm"]
     assert all(s["completed"] == 60 for s in summaries)
     assert (tmp_path / "sweep" / "sweep_summary.csv").exists()
+
+
+def test_ray_launcher_on_a_local_instance(tmp_path):
+    """Only where the optional `[ray]` extra is installed (it pins cloudpickle<3, below joblib's own need)."""
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="the optional [ray] extra is not installed")
+    run_cli(["-m", "hydra/launcher=ray", "policy=vllm,static", "trace.max_requests=60",
+             f"hydra.sweep.dir={tmp_path}/sweep", "output.print_table=false"], cwd=tmp_path)
+    summaries = [json.loads(p.read_text()) for p in (tmp_path / "sweep").glob("*/summary.json")]
+    assert sorted(s["policy"] for s in summaries) == ["static", "vllm"]
