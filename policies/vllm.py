@@ -10,13 +10,15 @@ Rule, per step, under a token budget:
 2. Only if nothing was preempted this step: admit waiting requests FCFS while the
    sequence cap, budget and KV allow, each chunked to the remaining budget (its prefix
    cache hit counted as computed). With `chunked_prefill=false`, a prompt that does not
-   fit in the remaining budget waits (and blocks the queue, FCFS).
+   fit in the remaining budget waits (and blocks the queue, FCFS); one longer than the
+   whole budget is still chunked, since it could never run otherwise.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.plan import PREEMPT_MODES, RECOMPUTE, SWAP, Plan
+from policies._passes import StepBudget, admit, run_running
+from testbed.plan import PREEMPT_MODES, RECOMPUTE, Plan
 from testbed.policy import BasePolicy, PolicyKnobs, register
 
 
@@ -44,54 +46,17 @@ class VLLMPolicy(BasePolicy):
         an arrival or a finish (the loop checks KV growth)."""
         return not view.waiting
 
+    def running_order(self, view) -> list:
+        return view.running
+
+    def waiting_order(self, view):
+        return view.waiting
+
     def schedule(self, view) -> Plan:
         k = self.knobs
-        plan = Plan()
-        budget = view.token_budget
-        free = view.free_blocks
-        running = view.running
-        cap = k.long_prefill_token_threshold or budget
-        host_free = view.free_host_blocks
-        victims = len(running)  # running[victims:] are preempted this step
-        preempted = False
-        i = 0
-        while i < victims and budget > 0:
-            s = running[i]
-            n = min(s.remaining, budget, cap)
-            need = view.blocks_needed(s, n)
-            while need > free and victims > i:
-                victims -= 1
-                victim = running[victims]
-                mode = k.preemption_mode
-                if mode == SWAP:  # fall back to recompute when host swap space is short
-                    if len(victim.blocks) <= host_free:
-                        host_free -= len(victim.blocks)
-                    else:
-                        mode = RECOMPUTE
-                plan.preempt_request(victim, mode)
-                preempted = True
-                free += view.reclaimable_blocks(victim)
-            if victims == i:  # the request preempted itself
-                break
-            plan.schedule(s, n)
-            free -= need
-            budget -= n
-            i += 1
-        if preempted:
-            return plan
-        seqs = victims
-        for s in view.waiting:
-            if budget <= 0 or seqs >= view.max_num_seqs:
-                break
-            want = view.num_new_tokens(s)
-            if want > budget and not k.chunked_prefill:
-                break
-            n = min(want, budget, cap)
-            need = view.blocks_needed(s, n)
-            if need > free:
-                break
-            plan.schedule(s, n)
-            free -= need
-            budget -= n
-            seqs += 1
+        plan, b = Plan(), StepBudget.of(view)
+        cap = k.long_prefill_token_threshold or None
+        run_running(view, plan, self.running_order(view), b, k.preemption_mode, cap)
+        if not b.preempted:
+            admit(view, plan, self.waiting_order(view), b, k.chunked_prefill, cap)
         return plan
