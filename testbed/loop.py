@@ -84,6 +84,7 @@ class StepLoop:
         self.running: list[RequestState] = []  # admission order
         self.itl: list[float] = []  # every inter-token gap, for ITL percentiles
         self.series = StepSeries()
+        self.num_steps = 0  # engine steps completed (a fast-forwarded run counts each of its steps)
         self.view = SchedulerView(self)
         self._is_steady = getattr(policy, "is_steady", None)
         self._swap_out: list | None = None
@@ -239,6 +240,7 @@ class StepLoop:
     def complete(self, batch: Batch, now: float) -> None:
         """Advance every request in the batch by its tokens; sample, stamp, finish."""
         self.series.duration.append(now - batch.start)
+        self.num_steps += len(batch.ends) if batch.ends is not None else 1
         if batch.ends is not None:
             self._complete_run(batch)
             return

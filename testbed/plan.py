@@ -42,5 +42,8 @@ class PlanError(RuntimeError):
     """A policy returned a plan that breaks one of the loop's rules."""
 
     def __init__(self, policy: str, rule: str, detail: str):
-        self.policy, self.rule = policy, rule
-        super().__init__(f"policy {policy!r} returned an invalid plan: [{rule}] {detail}")
+        self.policy, self.rule, self.detail = policy, rule, detail
+        super().__init__(policy, rule, detail)  # args rebuild it: SimPy re-raises a process's error that way
+
+    def __str__(self) -> str:
+        return f"policy {self.policy!r} returned an invalid plan: [{self.rule}] {self.detail}"

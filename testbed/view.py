@@ -37,6 +37,12 @@ class SchedulerView:
         """Requests holding device KV, in admission order (the last admitted is last)."""
         return self._loop.running
 
+    @property
+    def steps_done(self) -> int:
+        """Engine steps completed so far: lets a policy that counts steps (SGLang's ratio decay)
+        stay exact when the simulator fast-forwards a run of decode steps."""
+        return self._loop.num_steps
+
     # --- limits -----------------------------------------------------------------------
     @property
     def token_budget(self) -> int:

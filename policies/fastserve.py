@@ -1,0 +1,105 @@
+"""FastServe's skip-join multi-level feedback queue (preemptive, per output token).
+
+Source: Wu et al., "Fast Distributed Inference Serving for Large Language Models", 2023
+(skip-join MLFQ, section 4.1).
+Rule: level i has a quantum of `base_quantum * ratio**i` output tokens. A new request
+skips to the first level whose quantum covers its prefill, counted in decode-iteration
+equivalents (`ceil(prompt_len / prefill_tokens_per_iteration)`), instead of always
+joining the top. Each step, all live requests (running and waiting) are ranked by (level,
+arrival); the batch is filled in that order under the token budget, the sequence cap and
+KV. A request that has used its level's quantum is demoted one level; one that has waited
+more than `starvation_limit_s` since it was last served is promoted to the top level.
+Running requests not chosen keep their KV (they are simply not scheduled) unless a chosen
+request needs the blocks: then the lowest-ranked running requests are preempted by recompute.
+Choices: quanta count output tokens (the paper counts iterations, one token each);
+a request's quantum use resets when it changes level.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from testbed.plan import Plan
+from testbed.policy import BasePolicy, PolicyKnobs, register
+from testbed.request import Status
+
+
+@dataclass
+class FastServeKnobs(PolicyKnobs):
+    name: str = "fastserve"
+    base_quantum: int = 8  # output tokens at the top level
+    ratio: float = 2.0  # quantum growth per level
+    num_levels: int = 6
+    prefill_tokens_per_iteration: int = 512  # prompt tokens that cost one decode iteration, for skip-join
+    starvation_limit_s: float = 5.0  # waited this long unserved: back to the top level (0 = never)
+
+    def __post_init__(self):
+        if self.base_quantum < 1 or self.ratio < 1 or self.num_levels < 1 or self.prefill_tokens_per_iteration < 1:
+            raise ValueError("policy: base_quantum, num_levels, prefill_tokens_per_iteration >= 1 and ratio >= 1")
+        if self.starvation_limit_s < 0:
+            raise ValueError(f"policy.starvation_limit_s={self.starvation_limit_s}: must be >= 0")
+
+
+@register
+class FastServePolicy(BasePolicy):
+    name = "fastserve"
+    Knobs = FastServeKnobs
+
+    def __init__(self, knobs=None):
+        super().__init__(knobs)
+        k = self.knobs
+        self.quanta = [k.base_quantum * k.ratio ** i for i in range(k.num_levels)]
+        self.level: dict[int, int] = {}
+        self.entered_at: dict[int, int] = {}  # num_generated when the request entered its level
+        self.served: dict[int, float] = {}  # when it was last scheduled (arrival until then)
+
+    def on_arrival(self, s, view) -> None:
+        iterations = math.ceil(s.req.prompt_len / self.knobs.prefill_tokens_per_iteration)
+        level = next((i for i, q in enumerate(self.quanta) if q >= iterations), len(self.quanta) - 1)
+        self.level[s.req.id], self.entered_at[s.req.id], self.served[s.req.id] = level, 0, s.req.arrival
+
+    def on_finish(self, s, view) -> None:
+        for d in (self.level, self.entered_at, self.served):
+            d.pop(s.req.id, None)
+
+    def _update_level(self, s, now: float) -> int:
+        rid = s.req.id
+        level = self.level[rid]
+        if s.num_generated - self.entered_at[rid] >= self.quanta[level] and level + 1 < len(self.quanta):
+            level += 1
+            self.entered_at[rid] = s.num_generated
+        limit = self.knobs.starvation_limit_s
+        if limit and level and now - self.served[rid] > limit:
+            level, self.entered_at[rid] = 0, s.num_generated
+        self.level[rid] = level
+        return level
+
+    def schedule(self, view) -> Plan:
+        now = view.now
+        ranked = sorted(list(view.running) + list(view.waiting),
+                        key=lambda s: (self._update_level(s, now), s.req.arrival, s.req.id))
+        plan = Plan()
+        budget, free, seqs = view.token_budget, view.free_blocks, 0
+        running_by_rank = [s for s in ranked if s.status is Status.RUNNING]
+        chosen, preempted = set(), set()
+        for s in ranked:
+            if budget <= 0 or seqs >= view.max_num_seqs:
+                break
+            if s in preempted:
+                continue
+            n = min(view.num_new_tokens(s), budget)
+            need = view.blocks_needed(s, n)
+            while need > free and running_by_rank and running_by_rank[-1] is not s and running_by_rank[-1] not in chosen:
+                victim = running_by_rank.pop()
+                plan.preempt_request(victim)
+                preempted.add(victim)
+                free += view.reclaimable_blocks(victim)
+            if need > free:
+                break
+            plan.schedule(s, n)
+            chosen.add(s)
+            budget -= n
+            free -= need
+            seqs += 1
+            self.served[s.req.id] = now
+        return plan

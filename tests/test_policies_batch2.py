@@ -1,0 +1,81 @@
+"""sglang, fastserve and vtc do what their names say, on crafted scenarios."""
+from __future__ import annotations
+
+from test_policies_batch1 import finish_order, run
+from testbed.request import Request
+
+
+def first_scheduled_order(loop):
+    return [s.req.id for s in sorted(loop.states, key=lambda s: (s.first_scheduled, s.req.id))]
+
+
+def test_sglang_lpm_admits_the_cached_prefix_first():
+    # request 0 fills the cache with prefix (1, 2); then, while max_seqs=1 holds the batch, an
+    # unrelated request (1) arrives before one sharing request 0's prefix (2)
+    reqs = [Request(0, 0.0, 1024, 4, prefix_hashes=(1, 2)), Request(1, 0.001, 1024, 4, prefix_hashes=(7, 8)),
+            Request(2, 0.002, 1024, 4, prefix_hashes=(1, 2))]
+    lpm, _ = run(reqs, "sglang", knobs={"schedule_policy": "lpm"}, max_seqs=1, num_blocks=1000, block_size=16,
+                 budget=2048)
+    fcfs, _ = run(reqs, "sglang", knobs={"schedule_policy": "fcfs"}, max_seqs=1, num_blocks=1000, block_size=16,
+                  budget=2048)
+    assert first_scheduled_order(lpm) == [0, 2, 1] and first_scheduled_order(fcfs) == [0, 1, 2]
+    assert {s.req.id: s.prefix_hit_tokens for s in lpm.states}[2] > 0
+
+
+def test_sglang_lof_admits_the_longest_output_first():
+    reqs = [Request(0, 0.0, 8, 4), Request(1, 0.001, 8, 5), Request(2, 0.002, 8, 50), Request(3, 0.003, 8, 20)]
+    lof, _ = run(reqs, "sglang", knobs={"schedule_policy": "lof"}, max_seqs=1)
+    assert first_scheduled_order(lof) == [0, 2, 3, 1]
+
+
+def test_sglang_retracts_the_fewest_output_tokens_and_finishes_all():
+    reqs = [Request(0, 0.0, 12, 40), Request(1, 0.05, 12, 40), Request(2, 0.1, 12, 40)]
+    loop, _ = run(reqs, "sglang", knobs={"init_new_token_ratio": 0.0, "min_new_token_ratio": 0.0},
+                  num_blocks=24, block_size=4)
+    by_id = {s.req.id: s for s in loop.states}
+    assert by_id[2].num_preemptions > 0  # the youngest has generated the fewest tokens
+    assert by_id[0].num_preemptions == 0
+
+
+def test_sglang_reservation_ratio_holds_back_admission():
+    # with the full reservation (ratio 1), KV for running requests' remaining outputs is held back
+    reqs = [Request(i, 0.001 * i, 16, 60) for i in range(6)]
+    full, _ = run(reqs, "sglang", knobs={"init_new_token_ratio": 1.0, "min_new_token_ratio": 1.0},
+                  num_blocks=64, block_size=4)
+    none, _ = run(reqs, "sglang", knobs={"init_new_token_ratio": 0.0, "min_new_token_ratio": 0.0},
+                  num_blocks=64, block_size=4)
+    assert sum(s.num_preemptions for s in full.states) == 0 < sum(s.num_preemptions for s in none.states)
+
+
+def test_fastserve_short_job_overtakes_a_long_running_one():
+    reqs = [Request(0, 0.0, 8, 200), Request(1, 0.5, 8, 5)]
+    mlfq, _ = run(reqs, "fastserve", max_seqs=1)
+    fcfs, _ = run(reqs, "vllm", max_seqs=1)
+    assert finish_order(mlfq) == [1, 0] and finish_order(fcfs) == [0, 1]
+
+
+def test_fastserve_starvation_promotes_a_demoted_job():
+    # a long job is demoted; a stream of short jobs keeps the top level busy; promotion lets it run
+    reqs = [Request(0, 0.0, 8, 60)] + [Request(i, 0.05 * i, 8, 6) for i in range(1, 120)]
+    starving, _ = run(reqs, "fastserve", knobs={"starvation_limit_s": 0.0}, max_seqs=1)
+    promoted, _ = run(reqs, "fastserve", knobs={"starvation_limit_s": 0.3}, max_seqs=1)
+    done = lambda loop: {s.req.id: s.finish_time for s in loop.states}[0]  # noqa: E731
+    assert done(promoted) < done(starving)
+
+
+def test_vtc_keeps_tenants_within_its_bound_while_fcfs_does_not():
+    # tenant a floods 60 requests at t=0; tenant b sends one every 50 ms; both stay backlogged
+    reqs = [Request(i, 0.0, 20, 20, tenant="a") for i in range(60)]
+    reqs += [Request(60 + i, 0.05 * i, 20, 20, tenant="b") for i in range(40)]
+    reqs.sort(key=lambda r: (r.arrival, r.id))
+    w_in, w_out = 1.0, 2.0
+    bound = 2 * max(w_in * 20, w_out * 20) * 4  # the paper's 2*max(w_in*L_in, w_out*L_out), times max_seqs
+    for policy, within in (("vtc", True), ("vllm", False)):
+        loop, _ = run(reqs, policy, max_seqs=4, budget=64, num_blocks=200)
+        horizon = min(s.finish_time for s in loop.states if s.req.tenant == "b" and s.req.id == 99)
+        served = {"a": 0.0, "b": 0.0}
+        for s in loop.states:
+            if s.first_scheduled >= 0 and s.first_scheduled < horizon * 0.5:
+                served[s.req.tenant] += w_in * 20 + w_out * 20
+        gap = abs(served["a"] - served["b"])
+        assert (gap <= bound) == within, (policy, served, bound)
