@@ -12,7 +12,9 @@ more than `starvation_limit_s` since it was last served is promoted to the top l
 Running requests not chosen keep their KV (they are simply not scheduled) unless a chosen
 request needs the blocks: then the lowest-ranked running requests are preempted by recompute.
 Choices: quanta count output tokens (the paper counts iterations, one token each);
-a request's quantum use resets when it changes level.
+a request's quantum use resets when it changes level. Because admissions and preemptions
+interleave in one plan, a waiting request's KV cost counts its cached prefix in full (a
+victim of the same plan may hold it, and reviving released blocks costs free ones).
 """
 from __future__ import annotations
 
@@ -88,7 +90,11 @@ class FastServePolicy(BasePolicy):
             if s in preempted:
                 continue
             n = min(view.num_new_tokens(s), budget)
-            need = view.blocks_needed(s, n)
+            if s.status is Status.RUNNING:
+                need = view.blocks_needed(s, n)
+            else:  # a victim of this very plan may hold its cached prefix, which then costs free
+                # blocks to revive: count the whole prefix (an upper bound; exact without sharing)
+                need = -(-(view.prefix_hit_tokens(s) + n) // view.block_size)
             while need > free and running_by_rank and running_by_rank[-1] is not s and running_by_rank[-1] not in chosen:
                 victim = running_by_rank.pop()
                 plan.preempt_request(victim)
