@@ -1,10 +1,22 @@
-"""Request traces: loaders for real trace files, synthetic generators, and transforms."""
+"""Request traces: trace files and generators in, immutable `Request` lists out.
+
+Everything above this layer (the step loop, both backends, the metrics) consumes a plain
+``list[Request]``; this package is the only place that knows file formats, so a new
+trace source is a loader here and nothing else. Modules, one job each:
+
+* `traces.loaders`: Azure CSV, Mooncake JSONL, any CSV/JSONL through a column mapping,
+  with row-exact errors (strict) or an account of every rejected row (lenient);
+  relative paths fall back to the bundled traces in ``traces/data/``.
+* `traces.generators`: Poisson and Gamma arrivals with fixed or trace-sampled lengths.
+* `traces.transforms`: rate scaling, time windows, first n, length caps.
+* `traces.errors`: `TraceError` (file, line, field) and `RejectedRow`.
+"""
 from traces.errors import RejectedRow, TraceError
 from traces.generators import gamma, poisson
-from traces.loaders import (DATA_DIR, TraceLoad, bundled_traces, load_azure, load_mooncake, load_table,
-                            load_trace, resolve_path)
+from traces.loaders import (DATA_DIR, FORMATS, TIME_UNITS, TraceLoad, bundled_path, bundled_traces, load_azure,
+                            load_mooncake, load_table, load_trace, resolve_path)
 from traces.transforms import cap_lengths, first_n, scale_rate, time_window
 
-__all__ = ["RejectedRow", "TraceError", "gamma", "poisson", "DATA_DIR", "TraceLoad", "bundled_traces", "load_azure",
-           "load_mooncake", "load_table", "load_trace", "resolve_path", "cap_lengths", "first_n", "scale_rate",
-           "time_window"]
+__all__ = ["RejectedRow", "TraceError", "gamma", "poisson", "DATA_DIR", "FORMATS", "TIME_UNITS", "TraceLoad",
+           "bundled_path", "bundled_traces", "load_azure", "load_mooncake", "load_table", "load_trace",
+           "resolve_path", "cap_lengths", "first_n", "scale_rate", "time_window"]
