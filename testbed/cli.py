@@ -57,6 +57,15 @@ def main(cfg: DictConfig) -> dict:
     return result.summary
 
 
+def _offered_rate(cfg: DictConfig) -> float:
+    """Arrivals per second of the trace as configured, at rate_scale 1."""
+    from testbed.run import build_requests
+
+    reqs, _ = build_requests(cfg.trace, cfg.seed)
+    span = reqs[-1].arrival - reqs[0].arrival if len(reqs) > 1 else 0.0
+    return (len(reqs) - 1) / span * (1.0 / cfg.trace.rate_scale) if span > 0 else 0.0
+
+
 def _finished_before(cfg: DictConfig) -> dict | None:
     """The summary of an earlier run of this very config in this folder, so reruns skip it."""
     out = Path(cfg.output.dir)
@@ -87,8 +96,10 @@ def capacity(cfg: DictConfig) -> dict:
     res = bisect_max_scale(attainment, cfg.slo.attainment_target, c.lo, c.hi, c.rel_tol, c.max_evals)
     out = Path(cfg.output.dir)
     out.mkdir(parents=True, exist_ok=True)
+    base_rate = _offered_rate(cfg)
     answer = {"policy": cfg.policy.name, "trace": cfg.trace.name, "slo": cfg.slo.name,
               "attainment_target": cfg.slo.attainment_target, "max_rate_scale": res.best_scale,
+              "max_request_rate": res.best_scale * base_rate if res.best_scale else None,
               "bracketed": res.bracketed,
               "curve": [{"rate_scale": x, "slo_attainment": a} for x, a in sorted(res.curve)]}
     (out / "capacity.json").write_text(json.dumps(answer, indent=2) + "\n")

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
-HEADLINE = ["policy", "trace", "rate_scale", "offered_request_rate", "completed", "rejected", "unfinished", "request_throughput",
+HEADLINE = ["policy", "trace", "rate_scale", "max_rate_scale", "max_request_rate", "offered_request_rate", "completed", "rejected", "unfinished", "request_throughput",
             "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
             "p99_itl_ms", "p99_e2el_ms", "num_preemptions", "request_goodput", "slo_attainment"]
 
@@ -25,7 +25,9 @@ HEADLINE = ["policy", "trace", "rate_scale", "offered_request_rate", "completed"
 def collect(sweep_dir: str | Path) -> pd.DataFrame:
     """Every finished job's summary under `sweep_dir`, one row each, with its overrides."""
     rows = []
-    for path in sorted(Path(sweep_dir).glob("*/summary.json")):
+    jobs = {p.parent: p for p in Path(sweep_dir).glob("*/capacity.json")}  # testbed-capacity jobs
+    jobs.update({p.parent: p for p in Path(sweep_dir).glob("*/summary.json")})
+    for path in sorted(jobs.values()):
         summary = json.loads(path.read_text())
         row = {"job": path.parent.name}
         overrides = path.parent / ".hydra" / "overrides.yaml"
