@@ -131,13 +131,17 @@ class SGLangPolicy(BasePolicy):
         need = sum(view.blocks_needed(s, 1) for s in decoding)
         free = view.free_blocks
         if need > free:
-            # retract the fewest-output requests first (ties: longer prompt first), as retract_decode
-            for victim in sorted(decoding, key=lambda s: (s.num_generated, -s.req.prompt_len)):
-                if need <= free or len(decoding) == 1:
+            # retract the fewest-output requests first (ties: longer prompt first), as
+            # retract_decode; a request still in its (chunked) prefill has none and goes first
+            for victim in sorted(view.running, key=lambda s: (s.num_generated, -s.req.prompt_len)):
+                if need <= free:
                     break
+                if len(decoding) == 1 and victim is decoding[0]:
+                    continue  # keep one decode: alone it always fits (longer requests are rejected)
                 plan.preempt_request(victim)
-                decoding.remove(victim)
-                need -= view.blocks_needed(victim, 1)
+                if victim in decoding:
+                    decoding.remove(victim)
+                    need -= view.blocks_needed(victim, 1)
                 free += view.reclaimable_blocks(victim)
             self.ratio = self.knobs.init_new_token_ratio
         for s in decoding[:view.token_budget]:

@@ -4,9 +4,12 @@ Random small traces (shared prefixes included), random KV capacities, budgets an
 sequence caps. Checked at every step: the plan respects the token budget, the sequence
 cap and KV capacity, and the block manager's books balance. Checked at the end: every
 request is accounted for exactly once, every request that fits in the cache on its own
-finished, and the run terminated (a step cap catches livelock).
+finished, and the run terminated (a step cap catches livelock). Set PROPERTY_EXAMPLES for
+a longer search (CI runs 40 examples a policy).
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -50,7 +53,8 @@ requests_st = st.lists(
 
 
 @pytest.mark.parametrize("name", sorted(registered()))
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("PROPERTY_EXAMPLES", 40)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(specs=requests_st, num_blocks=st.integers(4, 48), block_size=st.integers(1, 8),
        budget=st.integers(8, 128), max_seqs=st.integers(1, 8), host=st.sampled_from([0, 16]))
 def test_every_policy_keeps_the_invariants(name, specs, num_blocks, block_size, budget, max_seqs, host):
