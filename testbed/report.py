@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import html
+import json
 from pathlib import Path
 
 import matplotlib
@@ -26,21 +27,28 @@ VS_RATE = [("p50_ttft_ms", "p50 TTFT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"), (
            ("slo_attainment", "SLO attainment")]
 
 
+def _style(policies) -> dict:
+    """A distinct colour and marker per policy, the same in every figure of a report."""
+    cmap = plt.get_cmap("tab20")
+    return {p: dict(color=cmap(i % 20), marker="osD^v<>ph*"[i % 10]) for i, p in enumerate(sorted(policies))}
+
+
 def _vs_rate(df: pd.DataFrame, metric: str, label: str, path: Path) -> Path:
     traces = sorted(df["trace"].unique())
+    style = _style(df["policy"].unique())
     fig, axes = plt.subplots(1, len(traces), figsize=(5 * len(traces), 3.6), squeeze=False)
     for ax, trace in zip(axes[0], traces):
         sub = df[df["trace"] == trace]
         for policy, g in sub.groupby("policy"):
             g = g.sort_values("offered_request_rate")
-            ax.plot(g["offered_request_rate"], g[metric], marker="o", label=policy)
+            ax.plot(g["offered_request_rate"], g[metric], label=policy, **style[policy])
         ax.set_xlabel("offered load (requests/s)")
         ax.set_ylabel(label)
         ax.set_title(trace)
         if metric.endswith("_ms"):
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=8, loc="best")
+    axes[0][-1].legend(fontsize=7, loc="best", ncol=2 if len(style) > 8 else 1)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -74,6 +82,33 @@ def _cdfs(sweep: Path, df: pd.DataFrame, rate_scale: float, path: Path) -> Path 
     return path
 
 
+def _capacity(sweep: Path, df: pd.DataFrame, path: Path) -> Path:
+    """The attainment curve each capacity search walked, and the maximum it found."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4), gridspec_kw={"width_ratios": [3, 2]})
+    target = None
+    style = _style(df["policy"].unique())
+    for _, row in df.sort_values("policy").iterrows():
+        res = json.loads((sweep / row["job"] / "capacity.json").read_text())
+        target = res["attainment_target"]
+        curve = sorted((p["rate_scale"], p["slo_attainment"]) for p in res["curve"])
+        left.plot([x for x, _ in curve], [a for _, a in curve], label=row["policy"], markersize=4, **style[row["policy"]])
+    if target is not None:
+        left.axhline(target, color="grey", linestyle="--", linewidth=1)
+    left.set_xscale("log")
+    left.set_xlabel("load (x the trace's own rate)")
+    left.set_ylabel("SLO attainment")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=7, ncol=2)
+    best = df.dropna(subset=["max_rate_scale"]).sort_values("max_rate_scale")
+    right.barh(best["policy"], best["max_rate_scale"])
+    right.set_xlabel(f"max load meeting the SLO for {target:.0%} of requests" if target else "max load")
+    right.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def build_report(sweep_dir: str | Path, rate_scale: float | None = None, out: str | Path | None = None) -> Path:
     sweep = Path(sweep_dir)
     df = write_sweep_table(sweep)
@@ -83,18 +118,24 @@ def build_report(sweep_dir: str | Path, rate_scale: float | None = None, out: st
         df["policy"] = df["policy_config"].fillna(df["policy"])
     figs = sweep / "report_figures"
     figs.mkdir(exist_ok=True)
-    images = [(label, _vs_rate(df, m, label, figs / f"{m}_vs_rate.png")) for m, label in VS_RATE if m in df]
+    capacity = "max_rate_scale" in df and df["max_rate_scale"].notna().any() or (
+        "max_rate_scale" in df and "p99_ttft_ms" not in df)
+    if capacity:
+        images = [("maximum load under the SLO", _capacity(sweep, df, figs / "capacity.png"))]
+        rate_scale = -1.0  # no per-load CDFs for a capacity sweep
+    else:
+        images = [(label, _vs_rate(df, m, label, figs / f"{m}_vs_rate.png")) for m, label in VS_RATE if m in df]
     if rate_scale is None and "rate_scale" in df:
         scales = sorted(df["rate_scale"].dropna().unique())
         rate_scale = float(scales[len(scales) // 2]) if scales else None
-    if rate_scale is not None:
+    if rate_scale is not None and rate_scale >= 0:
         cdf = _cdfs(sweep, df, rate_scale, figs / "cdfs.png")
         if cdf:
             images.append((f"latency CDFs at rate scale {rate_scale:g}", cdf))
-    cols = [c for c in HEADLINE if c in df.columns]
     body = [f"<h1>Policy comparison: {html.escape(sweep.name)}</h1>",
             f"<p>{len(df)} jobs; policies: {html.escape(', '.join(sorted(df['policy'].unique())))}; traces: "
             f"{html.escape(', '.join(sorted(df['trace'].unique())))}; SLO: {html.escape(str(df['slo'].iloc[0]))}.</p>"]
+    cols = [c for c in HEADLINE if c in df.columns and df[c].notna().any()]
     for label, path in images:
         data = base64.b64encode(path.read_bytes()).decode()
         body.append(f"<h2>{html.escape(label)}</h2><img alt='{html.escape(label)}' src='data:image/png;base64,{data}'>")
