@@ -28,6 +28,9 @@ import bisect
 import math
 import random
 
+from dataclasses import dataclass, field
+
+from testbed.policy import PolicyKnobs
 from testbed.request import Request
 
 PREDICTORS = ("oracle", "noisy_oracle", "bucket")
@@ -93,3 +96,19 @@ def make_predictor(kind: str, sigma: float = 0.5, buckets=DEFAULT_BUCKETS, seed:
     if kind == "bucket":
         return BucketPredictor(buckets)
     raise ValueError(f"policy.predictor={kind!r}: expected one of {PREDICTORS}")
+
+
+@dataclass
+class PredictorKnobs(PolicyKnobs):
+    """The knobs every length-predicting policy shares (sjf, srpt, ltr)."""
+
+    predictor: str = "oracle"  # oracle (upper bound) | noisy_oracle | bucket
+    sigma: float = 0.5  # noisy_oracle: std of log(prediction / true length)
+    buckets: list[int] = field(default_factory=lambda: list(DEFAULT_BUCKETS))  # bucket: class boundaries
+    seed: int = 0  # noisy_oracle: noise seed (with the request id)
+
+    def __post_init__(self):
+        make_predictor(self.predictor, self.sigma, self.buckets, self.seed)  # fail early on a bad predictor
+
+    def make(self):
+        return make_predictor(self.predictor, self.sigma, self.buckets, self.seed)

@@ -46,30 +46,26 @@ demoted mid-decode is the worst-ranked running one and the first preempted.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from policies._predictors import DEFAULT_BUCKETS, make_predictor
+from policies._predictors import PredictorKnobs
 from policies.srpt import WaitingQueue, fill_ranked
 from testbed.plan import Plan
-from testbed.policy import BasePolicy, PolicyKnobs, register
+from testbed.policy import BasePolicy, register
 from testbed.request import Status
 
 _WAITING, _SWAPPED, _FINISHED = Status.WAITING, Status.SWAPPED, Status.FINISHED
 
 
 @dataclass
-class LTRKnobs(PolicyKnobs):
+class LTRKnobs(PredictorKnobs):
     name: str = "ltr"
-    predictor: str = "oracle"  # rank score source: oracle (upper bound) | noisy_oracle | bucket
-    sigma: float = 0.5  # noisy_oracle: std of log(prediction / true length)
-    buckets: list[int] = field(default_factory=lambda: list(DEFAULT_BUCKETS))  # bucket: class boundaries
-    seed: int = 0  # noisy_oracle: noise seed (with the request id)
     starvation_threshold: int = 256  # steps in a row unscheduled before promotion; 0 = never promote
     priority_quantum: int = 64  # tokens (token-sampling steps) a promoted request keeps its priority
     preemptive: bool = False  # true: one ranked list over running and waiting (vllm-ltr's loop)
 
     def __post_init__(self):
-        make_predictor(self.predictor, self.sigma, self.buckets, self.seed)  # fail early on a bad predictor
+        super().__post_init__()
         if self.starvation_threshold < 0:
             raise ValueError(f"policy.starvation_threshold={self.starvation_threshold}: must be >= 0 (0 = off)")
         if self.priority_quantum < 1:
@@ -84,7 +80,7 @@ class LTRPolicy(BasePolicy):
     def __init__(self, knobs=None):
         super().__init__(knobs)
         k = self.knobs
-        self.predictor = make_predictor(k.predictor, k.sigma, k.buckets, k.seed)
+        self.predictor = k.make()
         self.score: dict[int, float] = {}  # request id -> predicted length (the rank score)
         self.queue = WaitingQueue()
         self.step = 0  # steps planned so far (that scheduled something)

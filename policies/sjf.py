@@ -26,28 +26,24 @@ arrival-ordered waiting queue: no per-step sort.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from policies._predictors import DEFAULT_BUCKETS, make_predictor
+from policies._predictors import PredictorKnobs
 from policies.srpt import AgedFirst, WaitingQueue, fill_ranked
 from testbed.plan import Plan
-from testbed.policy import BasePolicy, PolicyKnobs, register
+from testbed.policy import BasePolicy, register
 from testbed.request import Status
 
 _WAITING = Status.WAITING
 
 
 @dataclass
-class SJFKnobs(PolicyKnobs):
+class SJFKnobs(PredictorKnobs):
     name: str = "sjf"
-    predictor: str = "oracle"  # oracle (upper bound) | noisy_oracle | bucket
-    sigma: float = 0.5  # noisy_oracle: std of log(prediction / true length)
-    buckets: list[int] = field(default_factory=lambda: list(DEFAULT_BUCKETS))  # bucket: class boundaries
-    seed: int = 0  # noisy_oracle: noise seed (with the request id)
     starvation_s: float = 10.0  # requests waiting longer than this go first, FCFS; 0 = off
 
     def __post_init__(self):
-        make_predictor(self.predictor, self.sigma, self.buckets, self.seed)  # fail early on a bad predictor
+        super().__post_init__()
         if self.starvation_s < 0:
             raise ValueError(f"policy.starvation_s={self.starvation_s}: must be >= 0 (0 = no aging)")
 
@@ -60,7 +56,7 @@ class SJFPolicy(BasePolicy):
     def __init__(self, knobs=None):
         super().__init__(knobs)
         k = self.knobs
-        self.predictor = make_predictor(k.predictor, k.sigma, k.buckets, k.seed)
+        self.predictor = k.make()
         self.queue = WaitingQueue()
         self._requeue: list = []
 

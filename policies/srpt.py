@@ -37,11 +37,11 @@ This module also holds the ranked-fill machinery the other ranking policies shar
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from policies._predictors import DEFAULT_BUCKETS, make_predictor
+from policies._predictors import PredictorKnobs
 from testbed.plan import RECOMPUTE, Plan
-from testbed.policy import BasePolicy, PolicyKnobs, register
+from testbed.policy import BasePolicy, register
 from testbed.request import Status
 
 _WAITING, _SWAPPED = Status.WAITING, Status.SWAPPED
@@ -253,16 +253,12 @@ def fill_ranked(view, running: list, source, preemptive: bool, resuming=None, ma
 
 
 @dataclass
-class SRPTKnobs(PolicyKnobs):
+class SRPTKnobs(PredictorKnobs):
     name: str = "srpt"
-    predictor: str = "oracle"  # oracle (upper bound) | noisy_oracle | bucket
-    sigma: float = 0.5  # noisy_oracle: std of log(prediction / true length)
-    buckets: list[int] = field(default_factory=lambda: list(DEFAULT_BUCKETS))  # bucket: class boundaries
-    seed: int = 0  # noisy_oracle: noise seed (with the request id)
     starvation_s: float = 10.0  # requests older than this rank first, FCFS; 0 = off
 
     def __post_init__(self):
-        make_predictor(self.predictor, self.sigma, self.buckets, self.seed)  # fail early on a bad predictor
+        super().__post_init__()
         if self.starvation_s < 0:
             raise ValueError(f"policy.starvation_s={self.starvation_s}: must be >= 0 (0 = no aging)")
 
@@ -275,7 +271,7 @@ class SRPTPolicy(BasePolicy):
     def __init__(self, knobs=None):
         super().__init__(knobs)
         k = self.knobs
-        self.predictor = make_predictor(k.predictor, k.sigma, k.buckets, k.seed)
+        self.predictor = k.make()
         self.pred: dict[int, float] = {}
         self.queue = WaitingQueue()
         self._requeue: list = []
