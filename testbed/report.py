@@ -27,6 +27,13 @@ VS_RATE = [("p50_ttft_ms", "p50 TTFT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"), (
            ("slo_attainment", "SLO attainment")]
 
 
+def _series(overrides: str, policy: str) -> str:
+    """The line a job belongs to: its policy, plus any swept knob other than load and trace."""
+    keep = [o for o in overrides.split() if not o.startswith(("trace=", "trace.rate_scale=", "+experiment=",
+                                                               "policy=", "hydra.", "output."))]
+    return " ".join([policy, *keep])
+
+
 def _style(policies) -> dict:
     """A distinct colour and marker per policy, the same in every figure of a report."""
     cmap = plt.get_cmap("tab20")
@@ -116,6 +123,8 @@ def build_report(sweep_dir: str | Path, rate_scale: float | None = None, out: st
         raise FileNotFoundError(f"no job under {sweep} has a summary.json: is this a multirun folder?")
     if "policy_config" in df:  # label variants of one policy (sglang_lpm, ...) by their config name
         df["policy"] = df["policy_config"].fillna(df["policy"])
+    if "overrides" in df:  # a knob swept besides load and trace (policy.token_budget=...) makes its own series
+        df["policy"] = [_series(o, p) for o, p in zip(df["overrides"].fillna(""), df["policy"])]
     figs = sweep / "report_figures"
     figs.mkdir(exist_ok=True)
     capacity = "max_rate_scale" in df and df["max_rate_scale"].notna().any() or (

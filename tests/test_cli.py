@@ -171,3 +171,10 @@ def test_ray_launcher_on_a_local_instance(tmp_path):
              f"hydra.sweep.dir={tmp_path}/sweep", "output.print_table=false"], cwd=tmp_path)
     summaries = [json.loads(p.read_text()) for p in (tmp_path / "sweep").glob("*/summary.json")]
     assert sorted(s["policy"] for s in summaries) == ["static", "vllm"]
+
+
+def test_report_series_separate_swept_knobs():
+    from testbed.report import _series
+
+    assert _series("+experiment=x policy=edf trace=azure_conv trace.rate_scale=2", "edf") == "edf"
+    assert _series("policy.token_budget=128 trace.rate_scale=1", "sarathi") == "sarathi policy.token_budget=128"
