@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Protocol, Sequence
 
+from testbed.cost_model import BatchShape
 from testbed.loop import Batch, ReplayOutcome, StepLoop
 from testbed.request import Request, Status
 
@@ -34,6 +35,9 @@ class EngineReplay:
         self.clock, self.sleep = clock, sleep
         self.tokens: dict[int, list[int]] = {}  # known token ids of every live request
         self.step_wall: list[float] = []  # measured seconds of each step's execute(), for calibration
+        # each step's (batch shape, execute() seconds, whole iteration seconds: arrivals + plan + execute +
+        # complete), so a cost model's prediction can be checked step by step (testbed-fidelity)
+        self.step_records: list[tuple[BatchShape, float, float]] = []
         self.generated: dict[int, list[int]] = {}  # output token ids of every finished request
 
     def run(self) -> ReplayOutcome:
@@ -51,7 +55,7 @@ class EngineReplay:
                     break
                 batch = loop.plan(now) if loop.has_work else None
                 if batch is not None:
-                    self._step(batch, t0)
+                    self._step(batch, t0, now)
                     continue
                 if delivered >= len(reqs) or reqs[delivered].arrival >= self.horizon:
                     if loop.has_work:
@@ -71,7 +75,7 @@ class EngineReplay:
         if s.status is not Status.REJECTED:
             self.tokens[req.id] = self.prompt_tokens(req)
 
-    def _step(self, batch: Batch, t0: float) -> None:
+    def _step(self, batch: Batch, t0: float, now: float) -> None:
         runner = self.runner
         for s, blocks in batch.swap_out or ():
             runner.swap_out(s, blocks)
@@ -88,3 +92,4 @@ class EngineReplay:
         for s, _ in batch.items:
             if s.status is Status.FINISHED:
                 self.generated[s.req.id] = tokens.pop(s.req.id)[s.req.prompt_len:]
+        self.step_records.append((batch.shape, end - start, self.clock() - t0 - now))

@@ -13,6 +13,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from engine.profile_config import ProfileConfig
 from testbed.metrics import SLO
 from testbed.specs import HardwareSpec, ModelSpec
 
@@ -131,6 +132,7 @@ class TestbedConfig:
     kv: KVConfig = field(default_factory=KVConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)  # testbed-profile's grid
     seed: int = 0
 
 

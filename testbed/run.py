@@ -82,7 +82,21 @@ def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> Cos
     name = cfg.cost_model.name
     if name == "roofline":
         return RooflineCostModel(model, hw, block_size=cfg.kv.block_size)
-    raise ValueError(f"cost_model.name={name!r}: expected one of ['roofline']")
+    if name == "profile":
+        from testbed.fitted_cost import ProfileCostModel
+
+        if not cfg.cost_model.profile:
+            raise ValueError("cost_model=profile needs cost_model.profile=<a profile file> (testbed-profile writes one; "
+                             "profiles/ holds the shipped ones)")
+        cost = ProfileCostModel.from_file(cfg.cost_model.profile)
+        measured = cost.header.get("model")
+        if measured and measured != model.name:
+            import warnings
+
+            warnings.warn(f"cost model {cost.name} was measured on model {measured!r}, this run is {model.name!r}",
+                          stacklevel=2)
+        return cost
+    raise ValueError(f"cost_model.name={name!r}: expected one of ['roofline', 'profile']")
 
 
 def device_kv_blocks(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> int:

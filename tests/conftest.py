@@ -41,3 +41,15 @@ def make_loop(policy, num_blocks=64, block_size=4, budget=64, max_seqs=8, max_le
 @pytest.fixture
 def fixed_cost():
     return FixedCost()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Engine tests run torch on one thread: two threads on a loaded 2-core machine spin
+    against each other and make a tiny model's step 100x slower."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

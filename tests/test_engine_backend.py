@@ -16,12 +16,7 @@ from testbed.run import replay_on_engine, simulate
 TINY = ["backend=engine", "model=tiny_llama", "backend.device=cpu"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # two threads on a loaded 2-core machine spin against each other
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def config(*overrides):
