@@ -116,8 +116,12 @@ def good_mask(df: pd.DataFrame, slo: SLO) -> np.ndarray:
     return good
 
 
-def summarize(df: pd.DataFrame, itl_s: np.ndarray, slo: SLO) -> dict:
-    """The run's summary, keyed by vLLM's benchmark names."""
+def summarize(df: pd.DataFrame, itl_s: np.ndarray, slo: SLO, prefix_cache: tuple[int, int] | None = None) -> dict:
+    """The run's summary, keyed by vLLM's benchmark names.
+
+    `prefix_cache` is (hit tokens, queried tokens) over every admission, re-admissions after
+    preemption included: vLLM's prefix cache hit rate. Without it, hits over prompt tokens.
+    """
     done = df[df["outcome"] == Outcome.FINISHED.value]
     counts = Counter(df["outcome"])
     out: dict = {
@@ -135,8 +139,8 @@ def summarize(df: pd.DataFrame, itl_s: np.ndarray, slo: SLO) -> dict:
     out["offered_request_rate"] = (len(arrivals) - 1) / span if span > 0 else 0.0  # the load: arrivals per second
     out["total_input_tokens"] = int(done["prompt_len"].sum())
     out["total_output_tokens"] = int(done["output_len"].sum())
-    prompt_tokens = df.loc[df["prompt_len"] > 0, "prompt_len"].sum()
-    out["prefix_cache_hit_rate"] = float(df["prefix_hit_tokens"].sum() / prompt_tokens) if prompt_tokens else 0.0
+    hits, queried = prefix_cache or (df["prefix_hit_tokens"].sum(), df.loc[df["prompt_len"] > 0, "prompt_len"].sum())
+    out["prefix_cache_hit_rate"] = float(hits / queried) if queried else 0.0
     rate = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
     out["request_throughput"] = rate(out["completed"])
     out["output_throughput"] = rate(out["total_output_tokens"])

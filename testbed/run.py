@@ -157,8 +157,8 @@ def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, 
     table = request_table(states, outcome.not_arrived, setup.load_rejects,
                           "interrupted before it arrived" if outcome.interrupted else "arrives after the horizon")
     itl = np.concatenate([np.asarray(loop.itl) for loop in outcome.loops]) if outcome.loops else np.empty(0)
-    summary = summarize(table, itl, setup.slo)
     loops = outcome.loops
+    summary = summarize(table, itl, setup.slo, (sum(l.kv.hit_tokens for l in loops), sum(l.kv.queried_tokens for l in loops)))
     summary.update(policy=cfg.policy.name, trace=cfg.trace.name, model=setup.model.name, hardware=setup.hardware.name,
                    cost_model=setup.cost.name, backend=backend, kv_blocks=loops[0].kv.num_blocks,
                    block_size=cfg.kv.block_size, seed=cfg.seed, stalled=outcome.stalled,

@@ -32,7 +32,7 @@ def test_console_script_from_another_directory(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_requests"] == 300
     assert summary["completed"] + summary["rejected"] + summary["unfinished"] == 300
-    assert (out / "config.yaml").read_text().count("policy:") == 1
+    assert (out / "config.yaml").read_text().count("\npolicy:") == 1
     table = pd.read_parquet(out / "requests.parquet")
     assert len(table) == 300 and set(table.outcome) <= {"finished", "rejected", "unfinished"}
     steps = pd.read_parquet(out / "steps.parquet")
