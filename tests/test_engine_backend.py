@@ -58,13 +58,24 @@ def crafted_trace(path):
 def test_engine_tokens_equal_generate_under_every_policy(policy, tmp_path):
     """Greedy tokens from the engine equal transformers' generate, with chunked prefill,
     preemption forced by a small KV cache, and prefix sharing (the Mooncake trace)."""
+    check_tokens_against_generate(policy, "cpu", tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the engine's GPU path")
+def test_engine_tokens_equal_generate_on_cuda(tmp_path):
+    check_tokens_against_generate("vllm", "cuda", tmp_path)
+
+
+def check_tokens_against_generate(policy, device, tmp_path):
     from engine.models import build_model
     from engine.prompts import PromptTokens
     from engine.setup import build_engine
     from testbed.run import prepare
     from testbed.specs import ModelSpec
 
-    cfg = config(*TINY, f"policy={policy}", "trace=mooncake", f"trace.path={crafted_trace(tmp_path / 't.jsonl')}",
+    cfg = config(*TINY, f"backend.device={device}", f"policy={policy}", "trace=mooncake",
+                 f"trace.path={crafted_trace(tmp_path / 't.jsonl')}",
                  "kv.num_blocks=100", "kv.block_size=16", "scheduler.max_num_batched_tokens=256")
     engine = build_engine(cfg, ModelSpec(**{k: v for k, v in cfg.model.items()}))
     setup = prepare(cfg, model=engine.spec, device_blocks=engine.num_blocks)
@@ -72,10 +83,10 @@ def test_engine_tokens_equal_generate_under_every_policy(policy, tmp_path):
     replay = engine.replay(setup.requests, loop, None, cfg.seed)
     replay.run()
     assert sorted(replay.generated) == [r.id for r in setup.requests]
-    reference = build_model(engine.spec, "float32", "cpu", seed=cfg.seed)  # the same seeded random weights
+    reference = build_model(engine.spec, "float32", device, seed=cfg.seed)  # the same seeded random weights
     prompts = PromptTokens(engine.spec.vocab_size, cfg.seed)
     for r in setup.requests:
-        ids = torch.tensor([prompts(r)])
+        ids = torch.tensor([prompts(r)], device=device)
         want = reference.generate(ids, max_new_tokens=r.output_len, min_new_tokens=r.output_len,
                                   do_sample=False)[0, ids.shape[1]:].tolist()
         assert replay.generated[r.id] == want, f"request {r.id} under {policy}"
