@@ -81,7 +81,7 @@ class StepContext:
     max_seqlen_q: int
     max_seqlen_k: int
     # reference path: decode rows batched, chunks one by one
-    decode_rows: torch.Tensor | None = None  # [Bd] query rows of the one-token sequences
+    decode_rows: torch.Tensor | slice | None = None  # [Bd] query rows of the one-token sequences (a slice: all)
     decode_slots: torch.Tensor | None = None  # [Bd, Lmax] cache slots of their whole contexts (padded)
     decode_lens: torch.Tensor | None = None  # [Bd] their sequence lengths
     chunks: list[Chunk] = field(default_factory=list)
@@ -197,7 +197,7 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     if ctx.decode_rows is not None:
         # One query per sequence: fold the query heads sharing a KV head into the "query length"
         # axis ([Bd, Hkv, group, D]), so GQA needs no repeated K/V.
-        qd = q[ctx.decode_rows].view(-1, Hkv, group, D)
+        qd = q[ctx.decode_rows].reshape(-1, Hkv, group, D)
         kd = k_cache[ctx.decode_slots].transpose(1, 2).to(q.dtype)  # [Bd, Hkv, Lmax, D]
         vd = v_cache[ctx.decode_slots].transpose(1, 2).to(q.dtype)
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=ctx.decode_mask(sliding_window), scale=scaling)

@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--small", action="store_true", help="small sizes, for a CPU smoke run")
+    ap.add_argument("--no-graphs", action="store_true", help="decode steps eagerly, without CUDA graphs")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args()
 
@@ -68,8 +69,14 @@ def main() -> None:
     prefills = (64, 256) if args.small else (1024, 4096)
     job = (16, 64, 16) if args.small else (256, 512, 128)
     blocks = max(decode_batches) * (-(-(ctx + 2) // bs)) + job[0] * (-(-(job[1] + job[2]) // bs)) + 64
-    cache = PagedKVCache.for_model(model.config, blocks, bs, model.dtype, device)
+    graphs = device.type == "cuda" and not args.no_graphs
+    cache = PagedKVCache.for_model(model.config, blocks, bs, model.dtype, device, scratch_block=graphs)
     runner = ModelRunner(model, cache)
+    capture_s = None
+    if graphs:
+        t0 = time.perf_counter()
+        runner.enable_decode_graphs(256, spec.max_model_len, use_graphs=True)
+        capture_s = time.perf_counter() - t0
     kv = BlockManager(blocks, bs, enable_prefix_caching=False)
     rows = []
     for b in decode_batches:
@@ -77,7 +84,7 @@ def main() -> None:
         tokens = {s.req.id: [1] * (ctx + 1) for s in states}
         items = [(s, 1) for s in states]
         t = _time(lambda: runner.execute(items, tokens), args.repeats)
-        rows.append((f"decode step, batch {b}, context {ctx}", t))
+        rows.append((f"decode step, batch {b}, context {ctx}", t, runner.last_prepare_s))
         for s in states:
             kv.free(s)
     for n in prefills:
@@ -85,15 +92,17 @@ def main() -> None:
         kv.allocate(s, n)
         tokens = {s.req.id: list(range(16, 16 + n))}
         t = _time(lambda: runner.execute([(s, n)], tokens), max(3, args.repeats // 2))
-        rows.append((f"prefill {n} tokens", t))
+        rows.append((f"prefill {n} tokens", t, runner.last_prepare_s))
         kv.free(s)
-    rows.append((f"{job[0]} x ({job[1]} in, {job[2]} out), all at once", _job(cfg, spec, runner, kv, cache, job)))
+    rows.append((f"{job[0]} x ({job[1]} in, {job[2]} out), all at once", _job(cfg, spec, runner, kv, cache, job), None))
 
     header = (f"engine bench: {args.model} ({spec.num_params / 1e6:,.1f} M params), {args.dtype}, device "
               f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "
-              f"transformers {transformers.__version__}")
-    lines = [header, "", "| measurement | time |", "|---|---|"]
-    lines += [f"| {name} | {t * 1e3:.2f} ms |" if t < 1 else f"| {name} | {t:.2f} s |" for name, t in rows]
+              f"transformers {transformers.__version__}; decode steps: "
+              + (f"CUDA graphs ({len(runner.decode_graphs.graphs)} captured in {capture_s:.1f} s)" if graphs else "eager"))
+    lines = [header, "", "| measurement | time | of which host input preparation |", "|---|---|---|"]
+    lines += [f"| {name} | " + (f"{t * 1e3:.2f} ms" if t < 1 else f"{t:.2f} s")
+              + (f" | {prep * 1e3:.2f} ms |" if prep is not None else " | |") for name, t, prep in rows]
     text = "\n".join(lines)
     print(text)
     if args.out:

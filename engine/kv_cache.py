@@ -6,6 +6,10 @@ ids the shared step loop hands out index the cache directly and no translation t
 can drift from the bookkeeping. One allocation holds everything ([2, layers, blocks,
 block_size, kv_heads, head_dim]), so a swap moves a request's blocks of every layer in
 one gather and one scatter.
+
+With `scratch_block=True` one more block is allocated past the last id the block manager
+hands out: the fixed-shape decode path (`engine.decode_graphs`) pads its batches with
+rows that write there, so padding can never touch a request's KV.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import torch
 
 class PagedKVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"):
+                 dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu", scratch_block: bool = False):
         for key, v in (("num_layers", num_layers), ("num_blocks", num_blocks), ("block_size", block_size),
                        ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
             if v < 1:
@@ -22,26 +26,28 @@ class PagedKVCache:
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.device = torch.device(device)
+        self.scratch_block = num_blocks if scratch_block else None
+        rows = num_blocks + scratch_block
         # Zeros, not empty: padded decode rows gather slot 0 under a mask, and 0 * NaN would leak.
-        self.data = torch.zeros(2, num_layers, num_blocks, block_size, num_kv_heads, head_dim,
+        self.data = torch.zeros(2, num_layers, rows, block_size, num_kv_heads, head_dim,
                                 dtype=dtype, device=self.device)
         # Per-layer views [num_blocks, block_size, kv_heads, head_dim], and the same memory
         # flattened to slots [num_blocks * block_size, kv_heads, head_dim] (slot = block * block_size + offset).
         self.k = list(self.data[0].unbind(0))
         self.v = list(self.data[1].unbind(0))
-        self.k_slots = [t.view(num_blocks * block_size, num_kv_heads, head_dim) for t in self.k]
-        self.v_slots = [t.view(num_blocks * block_size, num_kv_heads, head_dim) for t in self.v]
+        self.k_slots = [t.view(rows * block_size, num_kv_heads, head_dim) for t in self.k]
+        self.v_slots = [t.view(rows * block_size, num_kv_heads, head_dim) for t in self.v]
 
     @classmethod
     def for_model(cls, config, num_blocks: int, block_size: int, dtype: torch.dtype | None = None,
-                  device: str | torch.device = "cpu") -> "PagedKVCache":
+                  device: str | torch.device = "cpu", scratch_block: bool = False) -> "PagedKVCache":
         """A cache shaped for a transformers config (layers, KV heads, head dim); dtype defaults to the config's."""
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         if dtype is None:
             dtype = config.dtype if isinstance(getattr(config, "dtype", None), torch.dtype) else torch.bfloat16
-        return cls(config.num_hidden_layers, num_blocks, block_size, kv_heads, head_dim, dtype, device)
+        return cls(config.num_hidden_layers, num_blocks, block_size, kv_heads, head_dim, dtype, device, scratch_block)
 
     @staticmethod
     def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

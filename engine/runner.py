@@ -7,6 +7,10 @@ at any offset and decode tokens share a single forward, and the paged attention
 function places every token by the step's `StepContext`. Logits are computed only for
 the rows that sample a token (`logits_to_keep` with their indices), never for all T.
 
+Decode-only steps go to `DecodeGraphs` when the runner has one (a GPU engine does): the
+same forward on fixed, padded shapes, replayed as a CUDA graph; anything else (a prefill
+chunk in the batch, a shape beyond the captured ones) takes the general path above.
+
 Swaps follow the loop's `Batch.swap_out` / `Batch.swap_in` lists: a swapped-out
 request's blocks are copied to host memory, keyed by request id, before any of this
 step's writes can reuse them; a swapped-in request's copy lands in its new blocks.
@@ -18,6 +22,7 @@ import time
 import torch
 
 from engine.attention import ATTN_IMPLEMENTATION, build_context, step_context
+from engine.decode_graphs import DecodeGraphs
 from engine.kv_cache import PagedKVCache
 
 
@@ -41,6 +46,17 @@ class ModelRunner:
         self.host_copies: dict[int, torch.Tensor] = {}  # swapped-out KV by request id
         self.last_prepare_s = 0.0  # host-side input preparation of the last execute()
         self.last_forward_s = 0.0  # forward + greedy sampling, up to the token ids on the host
+        self.decode_graphs: DecodeGraphs | None = None
+        self.fixed_shape_steps = 0  # steps served by decode_graphs
+
+    def enable_decode_graphs(self, max_batch: int, max_model_len: int, use_graphs: bool,
+                             max_context_tokens: int = 262_144, capture: bool = True) -> DecodeGraphs:
+        """Serve decode-only steps on fixed shapes (CUDA graphs when `use_graphs`); capture them now if asked."""
+        self.decode_graphs = DecodeGraphs(self.model, self.kv_cache, max_batch, max_model_len, use_graphs,
+                                          max_context_tokens)
+        if capture:
+            self.decode_graphs.capture()
+        return self.decode_graphs
 
     @torch.inference_mode()
     def execute(self, items, token_ids: dict[int, list[int]]) -> dict[int, int]:
@@ -52,6 +68,10 @@ class ModelRunner:
         """
         t0 = time.perf_counter()
         bs = self.block_size
+        if self.decode_graphs is not None and items and all(n == 1 for _, n in items):
+            sampled = self._execute_fixed_shape(items, token_ids, t0)
+            if sampled is not None:
+                return sampled
         ids: list[int] = []
         q_lens, ctx_lens, tables, sample_rows, sample_ids = [], [], [], [], []
         row = 0
@@ -85,6 +105,28 @@ class ModelRunner:
         self.last_prepare_s = t1 - t0
         self.last_forward_s = time.perf_counter() - t1
         return dict(zip(sample_ids, next_ids))
+
+    def _execute_fixed_shape(self, items, token_ids, t0: float) -> dict[int, int] | None:
+        """A decode-only step through `decode_graphs`; None when its shape has no fixed form."""
+        bs = self.block_size
+        longest = 0
+        for s, _ in items:
+            c = s.num_computed
+            if c >= len(token_ids[s.req.id]):
+                raise ValueError(f"request {s.req.id}: 1 token from {c} runs past its {len(token_ids[s.req.id])} known tokens")
+            if c + 1 > len(s.blocks) * bs:
+                raise ValueError(f"request {s.req.id}: {c + 1} tokens need {-(-(c + 1) // bs)} KV blocks, it holds {len(s.blocks)}")
+            longest = max(longest, c + 1)
+        shape = self.decode_graphs.shape_for(len(items), longest)
+        if shape is None:
+            return None
+        self.decode_graphs.stage(items, token_ids, shape)
+        t1 = time.perf_counter()
+        next_ids = self.decode_graphs.forward(len(items), shape)
+        self.last_prepare_s = t1 - t0
+        self.last_forward_s = time.perf_counter() - t1
+        self.fixed_shape_steps += 1
+        return {s.req.id: t for (s, _), t in zip(items, next_ids) if s.num_computed + 1 == len(token_ids[s.req.id])}
 
     # --- swap preemption ------------------------------------------------------------------
     def swap_out(self, state, blocks: list[int]) -> None:

@@ -92,5 +92,10 @@ def build_engine(cfg: DictConfig, spec: ModelSpec) -> Engine:
         raise DoesNotFit(f"KV cache of {max(num_blocks, 1)} blocks ({block_size} tokens each) needs "
                          f"{max(need, block_bytes) / GB:.2f} GB, {max(left, 0) / GB:.2f} GB is free on {device} after "
                          f"{weights / GB:.2f} GB of weights and {cfg.kv.activation_reserve_gb} GB of activation reserve")
-    cache = PagedKVCache.for_model(model.config, num_blocks, block_size, dtype, device)
-    return Engine(spec, ModelRunner(model, cache), num_blocks, device, dtype)
+    graphs = device.type == "cuda" and cfg.backend.cuda_graphs
+    cache = PagedKVCache.for_model(model.config, num_blocks, block_size, dtype, device, scratch_block=graphs)
+    runner = ModelRunner(model, cache)
+    if graphs:  # captured here, before any timing: a replay or a profile never pays for a capture
+        runner.enable_decode_graphs(cfg.scheduler.max_num_seqs, cfg.scheduler.max_model_len or spec.max_model_len,
+                                    use_graphs=True, max_context_tokens=cfg.backend.cuda_graph_max_tokens)
+    return Engine(spec, runner, num_blocks, device, dtype)

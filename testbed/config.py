@@ -63,7 +63,7 @@ class SchedulerConfig:
 class KVConfig:
     block_size: int = 16
     memory_utilization: float = 0.9  # fraction of device memory for weights + KV, as vLLM's gpu_memory_utilization
-    activation_reserve_gb: float = 1.0  # left for activations and CUDA graphs
+    activation_reserve_gb: float = 2.0  # left for activations and the CUDA graphs' memory pool
     num_blocks: Optional[int] = None  # set to override the capacity derived from memory
     enable_prefix_caching: bool = True
     swap_space_gb: float = 0.0  # host memory for swap preemption
@@ -85,6 +85,8 @@ class BackendConfig:
     # backend=engine only
     device: str = "auto"  # auto (cuda when available), cuda, cuda:N or cpu
     dtype: Optional[str] = None  # null: the model's dtype
+    cuda_graphs: bool = True  # on a GPU, decode-only steps replay CUDA graphs (engine/decode_graphs.py)
+    cuda_graph_max_tokens: int = 262_144  # largest batch x gathered context given a graph; larger steps run eagerly
 
 
 @dataclass

@@ -54,7 +54,7 @@ def reference(model, prompt, n=N):
     prev = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
     try:
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)
+        out = model.generate(torch.tensor([prompt], device=model.device), max_new_tokens=n, do_sample=False)
     finally:
         model.set_attn_implementation(prev)
     assert out.shape[1] == len(prompt) + n
@@ -306,3 +306,78 @@ def test_step_loop_with_preemption(model, mode):
     assert (runner.swaps_in > 0) == (mode == "swap") and not runner.host_copies
     for r in reqs:
         assert replay.generated[r.id] == reference(model, prompts(r)), r.id
+
+
+# --- fixed-shape decode (the path CUDA graphs replay) ------------------------------------
+class FixedShapeHarness(Harness):
+    """The runner with decode-only steps on padded, fixed shapes, run eagerly (CPU)."""
+
+    def __init__(self, model, num_blocks=64, max_batch=8, max_context_tokens=262_144, use_graphs=False):
+        super().__init__(model, num_blocks)
+        device = next(model.parameters()).device
+        self.cache = PagedKVCache.for_model(model.config, num_blocks, BS, dtype=torch.float32, device=device,
+                                            scratch_block=True)
+        self.runner = ModelRunner(model, self.cache, BS)
+        self.graphs = self.runner.enable_decode_graphs(max_batch, 128, use_graphs, max_context_tokens,
+                                                       capture=use_graphs)
+
+
+@pytest.mark.parametrize("family,budget", [("tiny_llama", 11), ("tiny_qwen2", 6), ("tiny_mistral", 9)])
+def test_fixed_shape_decode_equals_generate(family, budget):
+    """Batches of 1-4 decodes padded to the ladder (3 -> 4) and contexts gathered over a
+    bucket of blocks give transformers' own tokens; Mistral's sliding window included."""
+    overrides = {"tie_word_embeddings": False, **INIT} if family == "tiny_qwen2" else INIT
+    m = build_model(make_config(family, **overrides), dtype=torch.float32, seed=3)
+    prompts = random_prompts(seed=2)
+    refs = [reference(m, p) for p in prompts]
+    h = FixedShapeHarness(m)
+    states = [h.add(p) for p in prompts]
+    h.run(states, budget=budget)
+    assert [h.generated(s) for s in states] == refs
+    assert h.runner.fixed_shape_steps >= N - 1
+
+
+def test_fixed_shape_padding_writes_only_the_scratch_block(model):
+    h = FixedShapeHarness(model)
+    a, b, c = (h.add(p) for p in random_prompts(lens=(5, 17, 9)))
+    h.step([(a, 5), (b, 17), (c, 9)])
+    h.cache.data.normal_()
+    before = h.cache.data.clone()
+    h.step(decoding([a, b, c]))  # 3 rows, padded to 4
+    assert h.runner.fixed_shape_steps == 1
+    changed = (h.cache.data != before).flatten(4).any(-1)  # [2, layers, blocks, block_size]
+    written = {(blk, off) for blk, off in changed.any(0).any(0).nonzero().tolist()}
+    expected = {(s.blocks[(s.num_computed - 1) // BS], (s.num_computed - 1) % BS) for s in (a, b, c)}
+    assert {w for w in written if w[0] != h.cache.scratch_block} == expected
+    assert any(w[0] == h.cache.scratch_block for w in written)  # the padding row went there
+
+
+def test_fixed_shape_limits_fall_back_to_the_general_path(model):
+    """Past the batch ladder or the batch x context limit a decode step runs on the general path."""
+    h = FixedShapeHarness(model, max_batch=2, max_context_tokens=8 * BS)
+    g = h.graphs
+    assert g.batch_sizes == [1, 2] and g.block_buckets[-1] == 128 // BS
+    assert g.shape_for(2, 3 * BS + 1) == (2, 4) and g.shape_for(1, 5 * BS) == (1, 8)
+    assert g.shape_for(3, 1) is None and g.shape_for(2, 4 * BS + 1) is None
+    prompts = random_prompts(lens=(5, 28))
+    states = [h.add(p) for p in prompts]
+    h.run(states)  # decodes at sequence lengths 29..37: fixed shape up to 32, general path after
+    assert [h.generated(s) for s in states] == [reference(model, p) for p in prompts]
+    assert h.runner.fixed_shape_steps == 4  # seq lengths 29, 30, 31, 32 of the longer request
+    h = FixedShapeHarness(model, max_batch=2)
+    states = [h.add(p) for p in random_prompts(lens=(5, 6, 7))]
+    h.run(states)  # three decodes: beyond the batch ladder
+    assert h.runner.fixed_shape_steps == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: CUDA graph capture and replay")
+def test_cuda_graph_decode_equals_generate():
+    m = build_model(make_config("tiny_llama", **INIT), dtype=torch.float32, seed=0, device=torch.device("cuda"))
+    prompts = random_prompts()
+    refs = [reference(m, p) for p in prompts]
+    h = FixedShapeHarness(m, use_graphs=True)
+    assert len(h.graphs.graphs) > 0
+    states = [h.add(p) for p in prompts]
+    h.run(states, budget=11)
+    assert [h.generated(s) for s in states] == refs
+    assert h.runner.fixed_shape_steps >= N - 1
