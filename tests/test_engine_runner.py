@@ -186,18 +186,22 @@ def test_chunked_prefill_mixed_with_decode(model):
         assert h.generated(s) == reference(model, p)
 
 
+@pytest.mark.parametrize("fixed_shape", [False, True], ids=["general", "fixed-shape-decode"])
 @pytest.mark.parametrize("family,budget", [("tiny_llama", 11), ("tiny_qwen2", 6), ("tiny_mistral", 9)])
-def test_budgeted_chunks_across_families(family, budget):
+def test_budgeted_chunks_across_families(family, budget, fixed_shape):
     """A token budget chunks prompts at odd offsets; Qwen2 (q/k/v bias) and Mistral (a sliding
-    window of 12, shorter than most prompts) go through the same attention hook."""
+    window of 12, shorter than most prompts) go through the same attention hook. With
+    `fixed_shape`, decode-only steps take the padded path CUDA graphs replay (batches of 1-4
+    padded up the ladder, 3 -> 4; contexts gathered over a bucket of blocks)."""
     overrides = {"tie_word_embeddings": False, **INIT} if family == "tiny_qwen2" else INIT
     m = build_model(make_config(family, **overrides), dtype=torch.float32, seed=3)
     prompts = random_prompts(seed=2)
     refs = [reference(m, p) for p in prompts]
-    h = Harness(m)
+    h = FixedShapeHarness(m) if fixed_shape else Harness(m)
     states = [h.add(p) for p in prompts]
     h.run(states, budget=budget)
     assert [h.generated(s) for s in states] == refs
+    assert h.runner.fixed_shape_steps >= (N - 1 if fixed_shape else 0)
 
 
 def test_recompute_after_preemption(model):
@@ -320,21 +324,6 @@ class FixedShapeHarness(Harness):
         self.runner = ModelRunner(model, self.cache, BS)
         self.graphs = self.runner.enable_decode_graphs(max_batch, 128, use_graphs, max_context_tokens,
                                                        capture=use_graphs)
-
-
-@pytest.mark.parametrize("family,budget", [("tiny_llama", 11), ("tiny_qwen2", 6), ("tiny_mistral", 9)])
-def test_fixed_shape_decode_equals_generate(family, budget):
-    """Batches of 1-4 decodes padded to the ladder (3 -> 4) and contexts gathered over a
-    bucket of blocks give transformers' own tokens; Mistral's sliding window included."""
-    overrides = {"tie_word_embeddings": False, **INIT} if family == "tiny_qwen2" else INIT
-    m = build_model(make_config(family, **overrides), dtype=torch.float32, seed=3)
-    prompts = random_prompts(seed=2)
-    refs = [reference(m, p) for p in prompts]
-    h = FixedShapeHarness(m)
-    states = [h.add(p) for p in prompts]
-    h.run(states, budget=budget)
-    assert [h.generated(s) for s in states] == refs
-    assert h.runner.fixed_shape_steps >= N - 1
 
 
 def test_fixed_shape_padding_writes_only_the_scratch_block(model):
