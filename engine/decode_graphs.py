@@ -109,8 +109,12 @@ class DecodeGraphs:
                 self._body(*shape)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
-                self._body(*shape)
+            try:
+                with torch.cuda.graph(g, pool=self.pool):
+                    self._body(*shape)
+            except RuntimeError as e:
+                raise RuntimeError(f"CUDA graph capture of a decode step (batch {shape[0]}, {shape[1]} context "
+                                   f"blocks) failed: {e}. backend.cuda_graphs=false runs decode steps eagerly") from e
             self.pool = g.pool()  # every graph shares one memory pool
             self.graphs[shape] = g
         return g
