@@ -31,8 +31,8 @@ class PagedKVCache:
         # Zeros, not empty: padded decode rows gather slot 0 under a mask, and 0 * NaN would leak.
         self.data = torch.zeros(2, num_layers, rows, block_size, num_kv_heads, head_dim,
                                 dtype=dtype, device=self.device)
-        # Per-layer views [num_blocks, block_size, kv_heads, head_dim], and the same memory
-        # flattened to slots [num_blocks * block_size, kv_heads, head_dim] (slot = block * block_size + offset).
+        # Per-layer views [rows, block_size, kv_heads, head_dim] (rows: num_blocks, + 1 scratch), and the same memory
+        # flattened to slots [rows * block_size, kv_heads, head_dim] (slot = block * block_size + offset).
         self.k = list(self.data[0].unbind(0))
         self.v = list(self.data[1].unbind(0))
         self.k_slots = [t.view(rows * block_size, num_kv_heads, head_dim) for t in self.k]
