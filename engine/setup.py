@@ -61,6 +61,15 @@ class Engine:
         return EngineReplay(requests, loop, self.runner, PromptTokens(self.spec.vocab_size, seed), horizon_s)
 
 
+def decode_graph_pool_bytes(spec: ModelSpec, dtype: torch.dtype, max_batch: int, max_context_tokens: int) -> int:
+    """An upper estimate of the decode graphs' shared pool: the largest step's K and V gathered
+    for one layer, its float32 logits, and 25% for the layer activations around them."""
+    item = torch.empty((), dtype=dtype).element_size()
+    gathered = 2 * max_context_tokens * spec.num_kv_heads * spec.head_dim * item
+    logits = max_batch * spec.vocab_size * 4
+    return int(1.25 * (gathered + logits))
+
+
 def build_engine(cfg: DictConfig, spec: ModelSpec) -> Engine:
     device = resolve_device(cfg.backend.device)
     dtype_name = cfg.backend.dtype or spec.dtype
@@ -80,6 +89,10 @@ def build_engine(cfg: DictConfig, spec: ModelSpec) -> Engine:
     block_bytes = PagedKVCache.block_bytes(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, dtype)
     left = free_memory(device) * cfg.kv.memory_utilization - (0 if device.type == "cuda" else weights)
     left -= cfg.kv.activation_reserve_gb * GB
+    graphs = device.type == "cuda" and cfg.backend.cuda_graphs
+    graph_pool = decode_graph_pool_bytes(spec, dtype, cfg.scheduler.max_num_seqs,
+                                         cfg.backend.cuda_graph_max_tokens) if graphs else 0
+    left -= graph_pool + (block_bytes if graphs else 0)  # the graphs' memory pool, the scratch block
     if cfg.kv.num_blocks is not None:
         num_blocks = cfg.kv.num_blocks
     else:
@@ -91,8 +104,8 @@ def build_engine(cfg: DictConfig, spec: ModelSpec) -> Engine:
     if num_blocks < 1 or need > left:
         raise DoesNotFit(f"KV cache of {max(num_blocks, 1)} blocks ({block_size} tokens each) needs "
                          f"{max(need, block_bytes) / GB:.2f} GB, {max(left, 0) / GB:.2f} GB is free on {device} after "
-                         f"{weights / GB:.2f} GB of weights and {cfg.kv.activation_reserve_gb} GB of activation reserve")
-    graphs = device.type == "cuda" and cfg.backend.cuda_graphs
+                         f"{weights / GB:.2f} GB of weights, {cfg.kv.activation_reserve_gb} GB of activation reserve"
+                         + (f" and {graph_pool / GB:.2f} GB for CUDA graphs (backend.cuda_graphs)" if graphs else ""))
     cache = PagedKVCache.for_model(model.config, num_blocks, block_size, dtype, device, scratch_block=graphs)
     runner = ModelRunner(model, cache)
     if graphs:  # captured here, before any timing: a replay or a profile never pays for a capture

@@ -63,7 +63,7 @@ class SchedulerConfig:
 class KVConfig:
     block_size: int = 16
     memory_utilization: float = 0.9  # fraction of device memory for weights + KV, as vLLM's gpu_memory_utilization
-    activation_reserve_gb: float = 2.0  # left for activations and the CUDA graphs' memory pool
+    activation_reserve_gb: float = 1.0  # left for activations (the engine's CUDA graphs reserve their own)
     num_blocks: Optional[int] = None  # set to override the capacity derived from memory
     enable_prefix_caching: bool = True
     swap_space_gb: float = 0.0  # host memory for swap preemption

@@ -87,6 +87,8 @@ class BlockManager:
 
     def num_exclusive_blocks(self, state: RequestState) -> int:
         """Blocks that would join the free pool if this request released its KV."""
+        if not state.req.prefix_hashes:  # never keyed, so never shared
+            return len(state.blocks)
         ref = self._ref
         return sum(1 for b in state.blocks if ref[b] == 1)
 
@@ -175,6 +177,11 @@ class BlockManager:
         need = self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks)
         if need <= 0:
             return
+        if need == 1 and self._free:  # the common case: a decode crossing into a new block
+            b = self._free.popleft()
+            self._ref[b] = 1
+            state.blocks.append(b)
+            return
         free = len(self._free) + len(self._evictable)
         if need > free:
             raise KVCapacityError(f"needed {need} KV blocks, {free} free")
@@ -183,12 +190,11 @@ class BlockManager:
     def _grab(self, blocks: list[int], need: int) -> None:
         """Append `need` blocks (free list first, then LRU eviction) to `blocks`; capacity was checked."""
         ref, free = self._ref, self._free
-        while need and free:
-            b = free.popleft()
+        fresh = [free.popleft() for _ in range(min(need, len(free)))]
+        for b in fresh:
             ref[b] = 1
-            blocks.append(b)
-            need -= 1
-        for _ in range(need):
+        blocks.extend(fresh)
+        for _ in range(need - len(fresh)):
             b = self._take()
             ref[b] = 1
             blocks.append(b)
@@ -196,6 +202,14 @@ class BlockManager:
     def free(self, state: RequestState) -> None:
         """Release every block, tail first, so a shared prefix's tail is evicted before its head."""
         ref, key_of, evictable, free = self._ref, self._key_of, self._evictable, self._free
+        if not state.req.prefix_hashes:  # its blocks were never keyed, so never shared
+            blocks = state.blocks
+            for b in blocks:
+                ref[b] = 0
+            free.extend(reversed(blocks))
+            state.blocks = []
+            state.num_cached_blocks = 0
+            return
         for b in reversed(state.blocks):
             ref[b] -= 1
             if ref[b] == 0:

@@ -26,7 +26,7 @@ from testbed.metrics import SLO, request_table, summarize
 from testbed.policy import make_policy
 from testbed.request import Request
 from testbed.results import steps_frame
-from testbed.sim import Simulation
+from testbed.sim import Simulation, gc_paused
 from testbed.specs import HardwareSpec, ModelSpec, kv_capacity_blocks
 
 
@@ -179,8 +179,8 @@ def simulate(cfg: DictConfig) -> RunResult:
     with progress_bar(cfg, setup.requests) as progress:
         sim = Simulation(setup.requests, lambda: setup.make_loop(cfg), setup.cost, cfg.backend.replicas,
                          cfg.backend.router, cfg.backend.horizon_s, cfg.backend.fast_forward, progress)
-        outcome = sim.run()
-    return finish(cfg, setup, outcome, "sim", t0)
+        with gc_paused():
+            return finish(cfg, setup, sim.run(), "sim", t0)
 
 
 def replay_on_engine(cfg: DictConfig) -> RunResult:
