@@ -10,10 +10,14 @@ arrival); the batch is filled in that order under the token budget, the sequence
 KV. A request that has used its level's quantum is demoted one level; one that has waited
 more than `starvation_limit_s` since it was last served is promoted to the top level.
 Running requests not chosen keep their KV (they are simply not scheduled) unless a chosen
-running request cannot grow: then the lowest-ranked running requests are preempted by
-recompute. A waiting request joins only into free KV: FastServe pauses jobs and offloads
-their KV to host memory; preempting running jobs by recompute to make room for new ones
-thrashes under overload (68k preemptions on the Azure conv trace at 4x load, 7x longer).
+running request cannot grow: then the lowest-ranked running requests are preempted, by
+swapping their KV to host memory as FastServe's proactive KV management does
+(`preemption_mode: swap`, while `kv.swap_space_gb` has room) or else by recompute. A
+waiting request joins only into free KV: preempting running jobs by recompute to make room
+for new ones thrashes under overload (68k preemptions on the Azure conv trace at 4x load,
+7x longer). With long prompts recompute preemption still thrashes, which is why the paper
+swaps: on Mooncake at 0.4x load (Llama-3.1-8B, H100 roofline), p50 TTFT is 3,173 s with no
+host swap space and 45 s with `kv.swap_space_gb=256` (vllm: 39 s).
 Choices: quanta count output tokens (the paper counts iterations, one token each);
 a request's quantum use resets when it changes level. Because admissions and preemptions
 interleave in one plan, a waiting request's KV cost counts its cached prefix in full (a
@@ -24,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from testbed.plan import Plan
+from testbed.plan import PREEMPT_MODES, RECOMPUTE, SWAP, Plan
 from testbed.policy import BasePolicy, PolicyKnobs, register
 from testbed.request import Status
 
@@ -37,12 +41,15 @@ class FastServeKnobs(PolicyKnobs):
     num_levels: int = 6
     prefill_tokens_per_iteration: int = 512  # prompt tokens that cost one decode iteration, for skip-join
     starvation_limit_s: float = 5.0  # waited this long unserved: back to the top level (0 = never)
+    preemption_mode: str = SWAP  # swap to host while kv.swap_space_gb has room, else recompute
 
     def __post_init__(self):
         if self.base_quantum < 1 or self.ratio < 1 or self.num_levels < 1 or self.prefill_tokens_per_iteration < 1:
             raise ValueError("policy: base_quantum, num_levels, prefill_tokens_per_iteration >= 1 and ratio >= 1")
         if self.starvation_limit_s < 0:
             raise ValueError(f"policy.starvation_limit_s={self.starvation_limit_s}: must be >= 0")
+        if self.preemption_mode not in PREEMPT_MODES:
+            raise ValueError(f"policy.preemption_mode={self.preemption_mode!r}: expected one of {PREEMPT_MODES}")
 
 
 @register
@@ -84,7 +91,8 @@ class FastServePolicy(BasePolicy):
         ranked = sorted(list(view.running) + list(view.waiting),
                         key=lambda s: (self._update_level(s, now), s.req.arrival, s.req.id))
         plan = Plan()
-        budget, free, seqs = view.token_budget, view.free_blocks, 0
+        budget, free, host, seqs = view.token_budget, view.free_blocks, view.free_host_blocks, 0
+        swap = self.knobs.preemption_mode == SWAP
         running_by_rank = [s for s in ranked if s.status is Status.RUNNING]
         chosen, preempted = set(), set()
         for s in ranked:
@@ -93,8 +101,8 @@ class FastServePolicy(BasePolicy):
             if s in preempted:
                 continue
             n = min(view.num_new_tokens(s), budget)
-            if s.status is Status.RUNNING:
-                need = view.blocks_needed(s, n)
+            if s.status is Status.RUNNING or s.status is Status.SWAPPED:
+                need = view.blocks_needed(s, n)  # a swapped request brings all its blocks back
             else:  # a victim of this very plan may hold its cached prefix, which then costs free
                 # blocks to revive: count the whole prefix (an upper bound; exact without sharing)
                 need = -(-(view.prefix_hit_tokens(s) + n) // view.block_size)
@@ -102,7 +110,11 @@ class FastServePolicy(BasePolicy):
                 continue  # new work joins only into free KV (preempting running jobs for it thrashes)
             while need > free and running_by_rank and running_by_rank[-1] is not s and running_by_rank[-1] not in chosen:
                 victim = running_by_rank.pop()
-                plan.preempt_request(victim)
+                if swap and len(victim.blocks) <= host:
+                    host -= len(victim.blocks)
+                    plan.preempt_request(victim, SWAP)
+                else:
+                    plan.preempt_request(victim, RECOMPUTE)
                 preempted.add(victim)
                 free += view.reclaimable_blocks(victim)
             if need > free:
