@@ -120,13 +120,13 @@ class DecodeGraphs:
         return g
 
     @torch.inference_mode()
-    def capture(self, max_graphs: int | None = None) -> int:
+    def capture(self) -> int:
         """Capture every shape within the limits, largest first (so the shared pool is sized once)."""
         if not self.use_graphs:
             return 0
         shapes = [(b, n) for b in self.batch_sizes for n in self.block_buckets
                   if b * n * self.block_size <= self.max_context_tokens]
-        for shape in sorted(shapes, key=lambda s: s[0] * s[1], reverse=True)[:max_graphs]:
+        for shape in sorted(shapes, key=lambda s: s[0] * s[1], reverse=True):
             self._graph(shape)
         torch.cuda.synchronize(self.device)
         return len(self.graphs)

@@ -67,7 +67,6 @@ class ModelRunner:
         num_computed + num_tokens, and num_computed tokens are already in the cache.
         """
         t0 = time.perf_counter()
-        bs = self.block_size
         if self.decode_graphs is not None and items and all(n == 1 for _, n in items):
             sampled = self._execute_fixed_shape(items, token_ids, t0)
             if sampled is not None:
@@ -78,11 +77,7 @@ class ModelRunner:
         for s, n in items:
             c = s.num_computed
             toks = token_ids[s.req.id]
-            end = c + n
-            if end > len(toks):
-                raise ValueError(f"request {s.req.id}: {n} tokens from {c} run past its {len(toks)} known tokens")
-            if end > len(s.blocks) * bs:
-                raise ValueError(f"request {s.req.id}: {end} tokens need {-(-end // bs)} KV blocks, it holds {len(s.blocks)}")
+            end = self._check_item(s, n, toks)
             ids += toks[c:end]
             q_lens.append(n)
             ctx_lens.append(c)
@@ -106,17 +101,20 @@ class ModelRunner:
         self.last_forward_s = time.perf_counter() - t1
         return dict(zip(sample_ids, next_ids))
 
+    def _check_item(self, s, n: int, toks: list[int]) -> int:
+        """The end of an item's tokens (num_computed + n), once its tokens are known and its blocks hold them."""
+        c = s.num_computed
+        end = c + n
+        if end > len(toks):
+            raise ValueError(f"request {s.req.id}: {n} tokens from {c} run past its {len(toks)} known tokens")
+        if end > len(s.blocks) * self.block_size:
+            raise ValueError(f"request {s.req.id}: {end} tokens need {-(-end // self.block_size)} KV blocks, "
+                             f"it holds {len(s.blocks)}")
+        return end
+
     def _execute_fixed_shape(self, items, token_ids, t0: float) -> dict[int, int] | None:
         """A decode-only step through `decode_graphs`; None when its shape has no fixed form."""
-        bs = self.block_size
-        longest = 0
-        for s, _ in items:
-            c = s.num_computed
-            if c >= len(token_ids[s.req.id]):
-                raise ValueError(f"request {s.req.id}: 1 token from {c} runs past its {len(token_ids[s.req.id])} known tokens")
-            if c + 1 > len(s.blocks) * bs:
-                raise ValueError(f"request {s.req.id}: {c + 1} tokens need {-(-(c + 1) // bs)} KV blocks, it holds {len(s.blocks)}")
-            longest = max(longest, c + 1)
+        longest = max(self._check_item(s, 1, token_ids[s.req.id]) for s, _ in items)
         shape = self.decode_graphs.shape_for(len(items), longest)
         if shape is None:
             return None

@@ -31,6 +31,15 @@ class StepBudget:
                    view.free_host_blocks, 0)
 
 
+def preempt(plan: Plan, victim: RequestState, mode: str, b: StepBudget) -> None:
+    """Preempt by `mode`; a swap falls back to recompute when the host swap space left is short."""
+    if mode == SWAP and len(victim.blocks) <= b.host_blocks:
+        b.host_blocks -= len(victim.blocks)
+    else:
+        mode = RECOMPUTE
+    plan.preempt_request(victim, mode)
+
+
 def run_running(view, plan: Plan, order: list[RequestState], b: StepBudget, mode: str = RECOMPUTE,
                 cap: int | None = None, want: Callable[[RequestState], int] | None = None) -> list[RequestState]:
     """Schedule running requests in `order`; victims are taken from the end of `order`.
@@ -48,13 +57,7 @@ def run_running(view, plan: Plan, order: list[RequestState], b: StepBudget, mode
         while need > b.free_blocks and last > i:
             last -= 1
             victim = order[last]
-            m = mode
-            if m == SWAP:  # fall back to recompute when host swap space is short
-                if len(victim.blocks) <= b.host_blocks:
-                    b.host_blocks -= len(victim.blocks)
-                else:
-                    m = RECOMPUTE
-            plan.preempt_request(victim, m)
+            preempt(plan, victim, mode, b)
             victims.append(victim)
             b.free_blocks += view.reclaimable_blocks(victim)
         if last == i:  # the request preempted itself

@@ -28,7 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from testbed.plan import PREEMPT_MODES, RECOMPUTE, SWAP, Plan
+from policies._passes import StepBudget, preempt
+from testbed.plan import PREEMPT_MODES, SWAP, Plan
 from testbed.policy import BasePolicy, PolicyKnobs, register
 from testbed.request import Status
 
@@ -91,38 +92,34 @@ class FastServePolicy(BasePolicy):
         ranked = sorted(list(view.running) + list(view.waiting),
                         key=lambda s: (self._update_level(s, now), s.req.arrival, s.req.id))
         plan = Plan()
-        budget, free, host, seqs = view.token_budget, view.free_blocks, view.free_host_blocks, 0
-        swap = self.knobs.preemption_mode == SWAP
+        b = StepBudget.of(view)
         running_by_rank = [s for s in ranked if s.status is Status.RUNNING]
         chosen, preempted = set(), set()
         for s in ranked:
-            if budget <= 0 or seqs >= view.max_num_seqs:
+            if b.tokens <= 0 or b.seqs >= view.max_num_seqs:
                 break
             if s in preempted:
                 continue
-            n = min(view.num_new_tokens(s), budget)
+            n = min(view.num_new_tokens(s), b.tokens)
             if s.status is Status.RUNNING or s.status is Status.SWAPPED:
                 need = view.blocks_needed(s, n)  # a swapped request brings all its blocks back
             else:  # a victim of this very plan may hold its cached prefix, which then costs free
                 # blocks to revive: count the whole prefix (an upper bound; exact without sharing)
                 need = -(-(view.prefix_hit_tokens(s) + n) // view.block_size)
-            if need > free and s.status is not Status.RUNNING:
+            if need > b.free_blocks and s.status is not Status.RUNNING:
                 continue  # new work joins only into free KV (preempting running jobs for it thrashes)
-            while need > free and running_by_rank and running_by_rank[-1] is not s and running_by_rank[-1] not in chosen:
+            while (need > b.free_blocks and running_by_rank and running_by_rank[-1] is not s
+                   and running_by_rank[-1] not in chosen):
                 victim = running_by_rank.pop()
-                if swap and len(victim.blocks) <= host:
-                    host -= len(victim.blocks)
-                    plan.preempt_request(victim, SWAP)
-                else:
-                    plan.preempt_request(victim, RECOMPUTE)
+                preempt(plan, victim, self.knobs.preemption_mode, b)
                 preempted.add(victim)
-                free += view.reclaimable_blocks(victim)
-            if need > free:
+                b.free_blocks += view.reclaimable_blocks(victim)
+            if need > b.free_blocks:
                 break
             plan.schedule(s, n)
             chosen.add(s)
-            budget -= n
-            free -= need
-            seqs += 1
+            b.tokens -= n
+            b.free_blocks -= need
+            b.seqs += 1
             self.served[s.req.id] = now
         return plan

@@ -107,18 +107,6 @@ def test_model_that_does_not_fit_fails_at_start():
         replay_on_engine(config(*TINY, "kv.num_blocks=100000000", "trace.max_requests=1"))
 
 
-def test_decode_graph_memory_is_reserved_from_the_shapes():
-    """Llama-3-8B, bf16, 262,144 gathered tokens: 2 x 262144 x 8 x 128 x 2 B of K/V plus
-    256 x 128256 float32 logits, + 25%: about 1.5 GB set aside before the KV cache is sized."""
-    from engine.setup import decode_graph_pool_bytes
-    from testbed.specs import ModelSpec
-
-    spec = ModelSpec(**config("model=llama3_8b").model)
-    got = decode_graph_pool_bytes(spec, torch.bfloat16, 256, 262_144)
-    assert got == int(1.25 * (2 * 262_144 * 8 * 128 * 2 + 256 * 128_256 * 4))
-    assert decode_graph_pool_bytes(spec, torch.bfloat16, 256, 131_072) < got
-
-
 def test_prompt_longer_than_the_context_is_rejected_with_its_reason():
     r = replay_on_engine(config(*TINY, "trace.max_requests=20", "trace.rate_scale=50", "trace.max_output_len=8",
                                 "scheduler.max_model_len=600"))

@@ -64,8 +64,9 @@ def reference(model, prompt, n=N):
 class Harness:
     """The loop's bookkeeping by hand: allocate before a step, advance and commit after."""
 
-    def __init__(self, model, num_blocks=64, host_blocks=0):
-        self.cache = PagedKVCache.for_model(model.config, num_blocks, BS, dtype=torch.float32)
+    def __init__(self, model, num_blocks=64, host_blocks=0, scratch_block=False):
+        self.cache = PagedKVCache.for_model(model.config, num_blocks, BS, dtype=torch.float32, device=model.device,
+                                            scratch_block=scratch_block)
         self.kv = BlockManager(num_blocks, BS, enable_prefix_caching=True, num_host_blocks=host_blocks)
         self.runner = ModelRunner(model, self.cache, BS)
         self.tokens: dict[int, list[int]] = {}
@@ -317,11 +318,7 @@ class FixedShapeHarness(Harness):
     """The runner with decode-only steps on padded, fixed shapes, run eagerly (CPU)."""
 
     def __init__(self, model, num_blocks=64, max_batch=8, max_context_tokens=262_144, use_graphs=False):
-        super().__init__(model, num_blocks)
-        device = next(model.parameters()).device
-        self.cache = PagedKVCache.for_model(model.config, num_blocks, BS, dtype=torch.float32, device=device,
-                                            scratch_block=True)
-        self.runner = ModelRunner(model, self.cache, BS)
+        super().__init__(model, num_blocks, scratch_block=True)
         self.graphs = self.runner.enable_decode_graphs(max_batch, 128, use_graphs, max_context_tokens,
                                                        capture=use_graphs)
 
