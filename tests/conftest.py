@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.cost_model import BatchShape
-from testbed.kv import BlockManager
-from testbed.loop import SchedulerLimits, StepLoop
-from testbed.request import Request
+from testbed.core.cost import BatchShape
+from testbed.core.kv import BlockManager
+from testbed.core.loop import SchedulerLimits, StepLoop
+from testbed.core.request import Request
 
 
 class FixedCost:

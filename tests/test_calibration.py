@@ -22,9 +22,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
-from testbed.cli import CONF_DIR
-from testbed.cost_model import BatchShape
-from testbed.fitted_cost import ProfileCostModel, read_profile
+from testbed.app.cli import CONF_DIR
+from testbed.core.cost import BatchShape
+from testbed.sim.fitted_cost import ProfileCostModel, read_profile
 
 ROOT = CONF_DIR.parent
 SHIPPED = ROOT / "profiles" / "cpu_tiny_llama.csv"
@@ -52,7 +52,7 @@ def config(*overrides, profile: dict | None = None):
 
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
-    from engine.profile import run_profile
+    from testbed.app.profile import run_profile
 
     path = tmp_path_factory.mktemp("profile") / "tiny.csv"
     cfg = config(*TINY, profile=SMALL_GRID)
@@ -112,7 +112,7 @@ def test_shipped_profile_fits_within_bounds():
 
 
 def test_simulator_uses_the_profile_and_says_so():
-    from testbed.run import simulate
+    from testbed.app.run import simulate
 
     r = simulate(config(*TINY, "cost_model=profile", *TRACE))
     assert r.summary["cost_model"] == "profile:cpu_tiny_llama.csv" and r.summary["completed"] == 100
@@ -126,7 +126,7 @@ def test_fidelity_on_100_azure_requests(profiled, tmp_path):
     Measured on the 2-core machine, quiet to busy: throughput within 1-3%, TTFT/TPOT/E2E means
     and p50s within 5-35%, the per-step median error 5-15%. Bounds: throughput 15%, means and
     p50s 60%, tails (p90/p99) 150%, per-step median 50%; all of them reported and finite."""
-    from testbed.fidelity import METRICS, run_fidelity
+    from testbed.app.fidelity import METRICS, run_fidelity
 
     cfg = config(*TINY, "cost_model=profile", f"cost_model.profile={profiled}", *TRACE, profile={"threads": 1})
     res = run_fidelity(cfg, tmp_path / "fid")
@@ -153,7 +153,7 @@ def test_fidelity_on_100_azure_requests(profiled, tmp_path):
 
 
 def test_console_entry_points_run(tmp_path):
-    """`python -m engine.profile` (testbed-profile) and `python -m testbed.fidelity` (testbed-fidelity)
+    """`python -m testbed.app.profile` (testbed-profile) and `python -m testbed.app.fidelity` (testbed-fidelity)
     with Hydra overrides; `++profile.*` works whether or not `profile` is in the schema yet."""
     env = dict(os.environ, OMP_NUM_THREADS="1", CI="1")
     prof = tmp_path / "p.csv"
@@ -162,12 +162,12 @@ def test_console_entry_points_run(tmp_path):
             "++profile.decode_contexts=[32,128,256]", "++profile.mixed_chunks=[32]", "++profile.mixed_batches=[4]",
             "++profile.mixed_contexts=[64]", "++profile.host_batches=[1,16]", "++profile.repeats=2",
             "++profile.retries=1", "++profile.threads=1"]
-    r = subprocess.run([sys.executable, "-m", "engine.profile", *TINY, f"++profile.out={prof}",
+    r = subprocess.run([sys.executable, "-m", "testbed.app.profile", *TINY, f"++profile.out={prof}",
                         f"hydra.run.dir={tmp_path / 'run'}", *grid], cwd=ROOT, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "held-out error" in r.stdout and prof.exists()
     out = tmp_path / "fid"
-    r = subprocess.run([sys.executable, "-m", "testbed.fidelity", *TINY, "cost_model=profile",
+    r = subprocess.run([sys.executable, "-m", "testbed.app.fidelity", *TINY, "cost_model=profile",
                         f"cost_model.profile={SHIPPED}", "trace.max_requests=20", "trace.rate_scale=50",
                         "trace.max_prompt_len=64", "trace.max_output_len=8", "++profile.threads=1",
                         f"hydra.run.dir={out}"], cwd=ROOT, env=env, capture_output=True, text=True)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from testbed.cli import CONF_DIR
-from testbed.policy import registered
-from testbed.run import replay_on_engine, simulate
+from testbed.app.cli import CONF_DIR
+from testbed.policies import registered
+from testbed.app.run import replay_on_engine, simulate
 
 TINY = ["backend=engine", "model=tiny_llama", "backend.device=cpu"]
 
@@ -25,9 +25,9 @@ def config(*overrides):
 
 
 def test_engine_replays_200_azure_requests_like_the_simulator(tmp_path):
-    from testbed.cli import main  # noqa: F401  (the entry point's module registers the configs)
-    from testbed.results import write_results
-    from testbed.run import run_info
+    from testbed.app.cli import main  # noqa: F401  (the entry point's module registers the configs)
+    from testbed.app.results import write_results
+    from testbed.app.run import run_info
 
     common = ["trace.max_requests=200", "trace.rate_scale=20", "trace.max_prompt_len=256", "trace.max_output_len=32"]
     real = replay_on_engine(config(*TINY, *common))
@@ -68,11 +68,11 @@ def test_engine_tokens_equal_generate_on_cuda(tmp_path):
 
 
 def check_tokens_against_generate(policy, device, tmp_path):
-    from engine.models import build_model
-    from engine.prompts import PromptTokens
-    from engine.setup import build_engine
-    from testbed.run import prepare
-    from testbed.specs import ModelSpec
+    from testbed.engine.models import build_model
+    from testbed.engine.prompts import PromptTokens
+    from testbed.engine.setup import build_engine
+    from testbed.app.run import prepare
+    from testbed.core.specs import ModelSpec
 
     cfg = config(*TINY, f"backend.device={device}", f"policy={policy}", "trace=mooncake",
                  f"trace.path={crafted_trace(tmp_path / 't.jsonl')}",
@@ -98,7 +98,7 @@ def check_tokens_against_generate(policy, device, tmp_path):
 
 
 def test_model_that_does_not_fit_fails_at_start():
-    from engine.setup import DoesNotFit
+    from testbed.engine.setup import DoesNotFit
 
     with pytest.raises(DoesNotFit, match=r"weights need .* GB .* GB is usable"):
         replay_on_engine(config("backend=engine", "backend.device=cpu", "model=llama3_8b", "model.dtype=float32",
@@ -119,7 +119,7 @@ def test_engine_bench_runs_on_cpu(tmp_path, monkeypatch):
     """The GPU benchmark script's code path, on the tiny model (its figures mean nothing here)."""
     import sys
 
-    from engine import bench
+    from testbed.app import bench
 
     out = tmp_path / "bench.md"
     monkeypatch.setattr(sys, "argv", ["bench", "--model", "tiny_llama", "--device", "cpu", "--dtype", "float32",

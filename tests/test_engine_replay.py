@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 
 from conftest import make_loop, make_requests
-from engine.prompts import PromptTokens
-from engine.replay import EngineReplay
-from testbed.metrics import request_table
-from testbed.policy import make_policy
-from testbed.request import Request
+from testbed.engine.prompts import PromptTokens
+from testbed.engine.replay import EngineReplay
+from testbed.app.metrics import request_table
+from testbed.policies import make_policy
+from testbed.core.request import Request
 
 
 class FakeClock:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv_cache import PagedKVCache
-from engine.models import PRESETS, build_model, make_config, model_spec_of
-from engine.runner import ModelRunner
-from testbed.kv import BlockManager
-from testbed.request import Request, RequestState
-from testbed.specs import ModelSpec
+from testbed.engine.kv_cache import PagedKVCache
+from testbed.engine.models import PRESETS, build_model, make_config, model_spec_of
+from testbed.engine.runner import ModelRunner
+from testbed.core.kv import BlockManager
+from testbed.core.request import Request, RequestState
+from testbed.core.specs import ModelSpec
 
 BS = 8  # small blocks: every prompt crosses several block boundaries
 N = 10  # new tokens per request
@@ -285,10 +285,10 @@ def test_swap_out_and_in(model):
 def test_step_loop_with_preemption(model, mode):
     """The shared step loop and the engine replay driver, with the vLLM policy preempting under
     a tight KV cache: the runner honours every Batch the loop hands it."""
-    from engine.prompts import PromptTokens
-    from engine.replay import EngineReplay
-    from testbed.loop import SchedulerLimits, StepLoop
-    from testbed.policy import make_policy
+    from testbed.engine.prompts import PromptTokens
+    from testbed.engine.replay import EngineReplay
+    from testbed.core.loop import SchedulerLimits, StepLoop
+    from testbed.policies import make_policy
 
     reqs = [Request(i, 0.0, p, N, (7, 8) if i % 2 else (), 16) for i, p in enumerate((20, 37, 12, 33, 26))]
     kv = BlockManager(14, BS, True, 64)

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.kv import BlockManager, KVCapacityError, prefix_block_keys
-from testbed.request import Request, RequestState
+from testbed.core.kv import BlockManager, KVCapacityError, prefix_block_keys
+from testbed.core.request import Request, RequestState
 
 
 def state(rid, prompt, hashes=(), out=4, block_tokens=512):

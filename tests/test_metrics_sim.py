@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from conftest import FixedCost, make_loop, make_requests
-from testbed.metrics import SLO, request_table, summarize
-from testbed.policy import make_policy
-from testbed.sim import Simulation
+from testbed.app.metrics import SLO, request_table, summarize
+from testbed.policies import make_policy
+from testbed.sim.simulation import Simulation
 
 
 def simulate(reqs, policy="vllm", replicas=1, horizon=None, cost=None, **loop_kw):

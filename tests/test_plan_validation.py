@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import make_loop, make_requests
-from testbed.plan import Plan, PlanError
-from testbed.policy import BasePolicy
+from testbed.core.plan import Plan, PlanError
+from testbed.core.policy import BasePolicy
 
 
 class Scripted(BasePolicy):
@@ -75,7 +75,7 @@ def test_duplicate_request():
 
 def test_unknown_request():
     loop, pol = loop_with(make_requests([(0, 8, 2)]))
-    from testbed.request import RequestState
+    from testbed.core.request import RequestState
     stranger = RequestState(make_requests([(0, 8, 2)])[0])
     pol.next_plan = plan_of((stranger, 4))
     expect(loop, "unknown-request")

@@ -3,9 +3,9 @@ crafted scenario where the rule makes a visible difference."""
 from __future__ import annotations
 
 from conftest import FixedCost, make_loop, make_requests
-from testbed.policy import make_policy
-from testbed.request import Request
-from testbed.sim import Simulation
+from testbed.policies import make_policy
+from testbed.core.request import Request
+from testbed.sim.simulation import Simulation
 
 
 def run(reqs, policy, record=False, **kw):

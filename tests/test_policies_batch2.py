@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from test_policies_batch1 import finish_order, run
-from testbed.request import Request
+from testbed.core.request import Request
 
 
 def first_scheduled_order(loop):

@@ -9,10 +9,10 @@ import statistics
 import pytest
 
 from conftest import FixedCost, make_loop, make_requests
-from policies._predictors import PREDICTORS, make_predictor
-from testbed.policy import make_policy
-from testbed.request import Request
-from testbed.sim import Simulation
+from testbed.policies._predictors import PREDICTORS, make_predictor
+from testbed.policies import make_policy
+from testbed.core.request import Request
+from testbed.sim.simulation import Simulation
 
 
 def simulate(specs, policy, knobs=None, cost=None, fast_forward=False, **loop_kw):
@@ -312,10 +312,10 @@ def test_slo_interpolation_in_the_policy_configs():
     from omegaconf import OmegaConf
     from pathlib import Path
 
-    from testbed.config import register_configs
+    from testbed.app.config import register_configs
 
     register_configs()
-    conf = str(Path(__file__).resolve().parent.parent / "conf")
+    conf = str(Path(__file__).resolve().parent.parent / "testbed" / "conf")
     with initialize_config_dir(config_dir=conf, version_base=None):
         for slo, want in (("mlperf_llama3_8b_interactive", (500, 30)), ("none", (None, None))):
             for name in ("edf", "least_slack"):
@@ -354,8 +354,8 @@ def test_fast_forward_is_exact(policy, knobs):
 
 
 def test_least_slack_without_a_cost_model_ranks_as_edf():
-    from testbed.kv import BlockManager
-    from testbed.loop import SchedulerLimits, StepLoop
+    from testbed.core.kv import BlockManager
+    from testbed.core.loop import SchedulerLimits, StepLoop
 
     pol = make_policy("least_slack", ttft_ms=1000, tpot_ms=100)
     loop = StepLoop(pol, BlockManager(64, 4), SchedulerLimits(64, 8, 10_000), cost_model=None)

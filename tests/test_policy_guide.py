@@ -7,10 +7,10 @@ import types
 from pathlib import Path
 
 from conftest import FixedCost, make_loop, make_requests
-from testbed.policy import make_policy, registered
-from testbed.sim import Simulation
+from testbed.policies import make_policy, registered
+from testbed.sim.simulation import Simulation
 
-README = Path(__file__).resolve().parent.parent / "policies" / "README.md"
+README = Path(__file__).resolve().parent.parent / "testbed" / "policies" / "README.md"
 
 
 def test_readme_policy_runs():
@@ -27,6 +27,6 @@ def test_readme_policy_runs():
         assert [s.req.id for s in done] == [0, 1, 2]  # 0 runs alone first (max_batch=1), then shortest first
         assert all(s.status.value == "finished" for s in done)
     finally:
-        import testbed.policy as P
+        import testbed.core.policy as P
         P._REGISTRY.pop("shortest_prompt", None)
         sys.modules.pop("readme_policy", None)

@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import FixedCost
-from testbed.kv import BlockManager
-from testbed.loop import SchedulerLimits, StepLoop
-from testbed.policy import make_policy, registered
-from testbed.request import Request, Status
-from testbed.sim import Simulation
+from testbed.core.kv import BlockManager
+from testbed.core.loop import SchedulerLimits, StepLoop
+from testbed.policies import make_policy, registered
+from testbed.core.request import Request, Status
+from testbed.sim.simulation import Simulation
 
 MAX_STEPS = 20_000
 

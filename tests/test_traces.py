@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import traces
-from testbed.request import Request
-from traces import RejectedRow, TraceError, TraceLoad
+from testbed import traces
+from testbed.core.request import Request
+from testbed.traces import RejectedRow, TraceError, TraceLoad
 
 CONV = "azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
 CODE = "azure_llm_2023/AzureLLMInferenceTrace_code.csv"

@@ -4,8 +4,9 @@ Usage: python experiments/benchmarks/roofline_check.py
 """
 from __future__ import annotations
 
-from testbed.cost_model import BatchShape, RooflineCostModel
-from testbed.specs import HardwareSpec, ModelSpec
+from testbed.core.cost import BatchShape
+from testbed.sim.roofline import RooflineCostModel
+from testbed.core.specs import HardwareSpec, ModelSpec
 
 MEASURED = {  # Llama-3-8B, bf16, H100, plain torch with CUDA graphs (issue 4's table)
     "decode, batch 1, context 1024": ("6.5-6.7 ms", BatchShape(num_decode_seqs=1, decode_kv_tokens=1024)),

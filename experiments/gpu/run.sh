@@ -2,8 +2,8 @@
 # The GPU measurements issues 4 and 5 name, in stages that each fit one 10-minute device call.
 #   bash experiments/gpu/run.sh setup       # once per machine: the carried wheels, then this repo (no deps)
 #   bash experiments/gpu/run.sh tests       # the CUDA tests (graph capture included) + the engine suite
-#   bash experiments/gpu/run.sh bench       # engine/bench.py on the Llama-3-8B shape -> engine/bench_<gpu>.md
-#   bash experiments/gpu/run.sh profile MODEL   # testbed-profile, full grid -> profiles/<gpu>_<MODEL>.csv
+#   bash experiments/gpu/run.sh bench       # testbed/app/bench.py on the Llama-3-8B shape -> testbed/engine/bench_<gpu>.md
+#   bash experiments/gpu/run.sh profile MODEL   # testbed-profile, full grid -> testbed/profiles/<gpu>_<MODEL>.csv
 #   bash experiments/gpu/run.sh fidelity MODEL POLICY PROFILE   # 1,000 Azure conv requests, engine vs simulator
 # Every stage copies what it wrote into $OUT (when set), so the device tool brings it back.
 # Written without a GPU at hand: the first session with one should run `setup` and `tests` first.
@@ -27,14 +27,14 @@ case "$stage" in
     keep engine_tests_$gpu.log
     ;;
   bench)
-    python3 -m engine.bench --out engine/bench_$gpu.md
-    python3 -m engine.bench --no-graphs --out engine/bench_${gpu}_eager.md
-    keep engine/bench_$gpu.md engine/bench_${gpu}_eager.md
+    python3 -m testbed.app.bench --out testbed/engine/bench_$gpu.md
+    python3 -m testbed.app.bench --no-graphs --out testbed/engine/bench_${gpu}_eager.md
+    keep testbed/engine/bench_$gpu.md testbed/engine/bench_${gpu}_eager.md
     ;;
   profile)
     model=${2:?profile MODEL (llama3_2_1b, llama3_8b)}
-    testbed-profile model=$model profile.grid=full profile.out=profiles/${gpu}_$model.csv
-    keep profiles/${gpu}_$model.csv
+    testbed-profile model=$model profile.grid=full profile.out=testbed/profiles/${gpu}_$model.csv
+    keep testbed/profiles/${gpu}_$model.csv
     ;;
   fidelity)
     model=${2:?MODEL}; policy=${3:?POLICY}; profile=${4:?PROFILE}

@@ -1,0 +1,115 @@
+"""Console entry points (`testbed-sim`, `python -m testbed`).
+
+The config groups are package data (`testbed/conf/`, shipped in the wheel), found through the
+installed package by `importlib.resources` and handed to Hydra as an absolute directory, so
+the command works from any directory, from a checkout or from a wheel.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from importlib import resources
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from testbed.app.config import register_configs
+
+CONF_DIR = Path(str(resources.files("testbed") / "conf"))
+log = logging.getLogger("testbed")
+
+register_configs()
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> dict:
+    from testbed.app.results import format_table, write_results
+    from testbed.app.run import run, run_info
+
+    done = _finished_before(cfg)
+    if done is not None:
+        print(f"skipped: {cfg.output.dir} already holds the results of this exact config")
+        return done
+    result = run(cfg)
+    if HydraConfig.initialized():  # the policy's config name tells variants of one policy apart
+        result.summary["policy_config"] = HydraConfig.get().runtime.choices.get("policy", cfg.policy.name)
+    out = write_results(cfg.output.dir, result.requests, result.steps if cfg.output.write_steps else None,
+                        result.summary, OmegaConf.to_yaml(cfg, resolve=True), run_info(result))
+    if cfg.logger.name == "wandb":
+        from testbed.app.wandb_log import log_to_wandb
+
+        log_to_wandb(cfg, result, out)
+    if cfg.output.print_table:
+        where = (f"{cfg.hardware.name}, {cfg.cost_model.name}" if cfg.backend.name == "sim"
+                 else f"engine on {result.summary.get('device')}")
+        title = f"{cfg.policy.name} on {cfg.trace.name} ({cfg.model.name}, {where})"
+        overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+        print(f"\n{title}" + (f"  [{' '.join(overrides)}]" if overrides else ""))
+        print(format_table(result.summary))
+        what = "simulated" if cfg.backend.name == "sim" else "replayed on the engine"
+        print(f"results: {out}  ({what} in {result.wall_s:.2f} s wall)")
+    if result.summary.get("interrupted"):
+        print("interrupted: unfinished requests are marked as such in the results", file=sys.stderr)
+        sys.exit(130)
+    return result.summary
+
+
+def _offered_rate(cfg: DictConfig) -> float:
+    """Arrivals per second of the trace as configured, at rate_scale 1."""
+    from testbed.app.run import build_requests
+
+    reqs, _ = build_requests(cfg.trace, cfg.seed)
+    span = reqs[-1].arrival - reqs[0].arrival if len(reqs) > 1 else 0.0
+    return (len(reqs) - 1) / span * (1.0 / cfg.trace.rate_scale) if span > 0 else 0.0
+
+
+def _finished_before(cfg: DictConfig) -> dict | None:
+    """The summary of an earlier run of this very config in this folder, so reruns skip it."""
+    out = Path(cfg.output.dir)
+    summary, config = out / "summary.json", out / "config.yaml"
+    if not (cfg.output.skip_done and summary.exists() and config.exists()):
+        return None
+    if config.read_text() != OmegaConf.to_yaml(cfg, resolve=True):
+        return None
+    return json.loads(summary.read_text())
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def capacity(cfg: DictConfig) -> dict:
+    """Highest trace.rate_scale at which slo.attainment_target of requests meet the SLO (simulator)."""
+    from testbed.app.capacity import bisect_max_scale
+    from testbed.app.run import simulate
+
+    c = cfg.capacity
+
+    def attainment(scale: float) -> float:
+        job = cfg.copy()
+        job.trace.rate_scale = float(scale)
+        job.output.progress = False
+        s = simulate(job).summary
+        log.info("rate_scale %.4g: attainment %.3f, goodput %.3f req/s", scale, s["slo_attainment"], s["request_goodput"])
+        return s["slo_attainment"]
+
+    res = bisect_max_scale(attainment, cfg.slo.attainment_target, c.lo, c.hi, c.rel_tol, c.max_evals)
+    out = Path(cfg.output.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base_rate = _offered_rate(cfg)
+    answer = {"policy": cfg.policy.name, "trace": cfg.trace.name, "slo": cfg.slo.name,
+              "attainment_target": cfg.slo.attainment_target, "max_rate_scale": res.best_scale,
+              "max_request_rate": res.best_scale * base_rate if res.best_scale else None,
+              "bracketed": res.bracketed,
+              "curve": [{"rate_scale": x, "slo_attainment": a} for x, a in sorted(res.curve)]}
+    (out / "capacity.json").write_text(json.dumps(answer, indent=2) + "\n")
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    verdict = ("none: even the lowest load missed the target" if res.best_scale is None else
+               f"{res.best_scale:.3g}x the trace's load" + ("" if res.bracketed else f" (or more: {c.hi:g}x met it)"))
+    print(f"{cfg.policy.name} on {cfg.trace.name}, SLO {cfg.slo.name} at {cfg.slo.attainment_target:.0%}: "
+          f"max load {verdict}; {len(res.curve)} simulations -> {out / 'capacity.json'}")
+    return answer
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Typed schemas for every Hydra config group, registered in Hydra's ConfigStore.
+
+Each YAML file under `conf/` names its schema in its defaults list, so Hydra checks every
+key and type before a run starts: a typo'd key or a string where a number belongs fails
+with Hydra's own message naming the key. Policy knobs are each policy's own dataclass,
+registered here automatically as `policy/<name>_schema`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from testbed.engine.profile_config import ProfileConfig
+from testbed.app.metrics import SLO
+from testbed.core.specs import HardwareSpec, ModelSpec
+
+
+@dataclass
+class TraceConfig:
+    """Where requests come from, and how the trace is transformed before replay.
+
+    kind=file replays `path` (format azure, mooncake, csv or jsonl); kind=poisson or
+    gamma generates arrivals at `rate` (gamma with burstiness `cv`), with lengths fixed
+    (`prompt_len`, `output_len`) or sampled from the trace at `lengths_from`.
+    """
+
+    name: str = MISSING
+    kind: str = "file"
+    path: Optional[str] = None
+    format: str = "azure"
+    columns: dict[str, str] = field(default_factory=dict)
+    time_unit: str = "s"
+    lenient: bool = False
+    # generators
+    rate: float = 1.0
+    cv: float = 1.0
+    num_requests: Optional[int] = None
+    duration_s: Optional[float] = None
+    prompt_len: Optional[int] = None
+    output_len: Optional[int] = None
+    lengths_from: Optional[str] = None
+    lengths_format: str = "azure"
+    # transforms, applied in this order: window, first N, rate scale, length caps
+    start_s: Optional[float] = None
+    end_s: Optional[float] = None
+    max_requests: Optional[int] = None
+    rate_scale: float = 1.0
+    max_prompt_len: Optional[int] = None
+    max_output_len: Optional[int] = None
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    max_model_len: Optional[int] = None  # null: the model's context length
+
+
+@dataclass
+class KVConfig:
+    block_size: int = 16
+    memory_utilization: float = 0.9  # fraction of device memory for weights + KV, as vLLM's gpu_memory_utilization
+    activation_reserve_gb: float = 1.0  # left for activations (the engine's CUDA graphs reserve their own)
+    num_blocks: Optional[int] = None  # set to override the capacity derived from memory
+    enable_prefix_caching: bool = True
+    swap_space_gb: float = 0.0  # host memory for swap preemption
+
+
+@dataclass
+class CostModelConfig:
+    name: str = "roofline"
+    profile: Optional[str] = None  # a profile file, for fitted cost models
+
+
+@dataclass
+class BackendConfig:
+    name: str = "sim"
+    replicas: int = 1
+    router: str = "round_robin"
+    horizon_s: Optional[float] = None
+    fast_forward: bool = True  # merge steady decode steps into one event (exact; see StepLoop.extend_decode_run)
+    # backend=engine only
+    device: str = "auto"  # auto (cuda when available), cuda, cuda:N or cpu
+    dtype: Optional[str] = None  # null: the model's dtype
+    cuda_graphs: bool = True  # on a GPU, decode-only steps replay CUDA graphs (engine/decode_graphs.py)
+    cuda_graph_max_tokens: int = 262_144  # largest batch x gathered context given a graph; larger steps run eagerly
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "${hydra:runtime.output_dir}"
+    record_token_times: bool = False  # per-token times in requests.parquet (large)
+    write_steps: bool = True  # the per-step time series, steps.parquet
+    print_table: bool = True
+    skip_done: bool = True  # a folder already holding this exact config's results is not run again
+    progress: Optional[bool] = None  # a progress bar; null: only on a terminal, never in CI or sweep workers
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"  # none or wandb
+    project: str = "llm-sched-testbed"
+    entity: Optional[str] = None
+    group: Optional[str] = None  # null: the sweep folder's name under a multirun
+    mode: Optional[str] = None  # null: offline unless WANDB_API_KEY is set (or WANDB_MODE)
+    max_history_rows: int = 2000
+    log_requests_table: bool = True
+
+
+@dataclass
+class CapacityConfig:
+    """`testbed-capacity`: bisection over trace.rate_scale for the highest load meeting the SLO."""
+
+    lo: float = 0.25
+    hi: float = 8.0
+    rel_tol: float = 0.02
+    max_evals: int = 16
+
+
+@dataclass
+class TestbedConfig:
+    trace: TraceConfig = MISSING
+    policy: Any = MISSING
+    model: ModelSpec = MISSING
+    hardware: HardwareSpec = MISSING
+    cost_model: CostModelConfig = MISSING
+    slo: SLO = MISSING
+    backend: BackendConfig = MISSING
+    logger: LoggerConfig = MISSING
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    kv: KVConfig = field(default_factory=KVConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)  # testbed-profile's grid
+    seed: int = 0
+
+
+def register_configs() -> None:
+    from testbed.app.plugins import load_policies
+
+    cs = ConfigStore.instance()
+    cs.store(name="testbed_schema", node=TestbedConfig)
+    cs.store(group="trace", name="trace_schema", node=TraceConfig)
+    cs.store(group="model", name="model_schema", node=ModelSpec)
+    cs.store(group="hardware", name="hardware_schema", node=HardwareSpec)
+    cs.store(group="cost_model", name="cost_model_schema", node=CostModelConfig)
+    cs.store(group="slo", name="slo_schema", node=SLO)
+    cs.store(group="backend", name="backend_schema", node=BackendConfig)
+    cs.store(group="logger", name="logger_schema", node=LoggerConfig)
+    for name, cls in load_policies().items():
+        cs.store(group="policy", name=f"{name}_schema", node=cls.Knobs)

@@ -1,0 +1,140 @@
+"""`testbed-profile`: profile the engine over a grid of batch shapes and fit a cost model to it.
+
+Usage:
+    testbed-profile model=tiny_llama backend.device=cpu profile.grid=quick profile.threads=1 \
+        profile.out=testbed/profiles/cpu_tiny_llama.csv      # the CPU profile shipped in testbed/profiles/
+    testbed-profile model=llama3_8b profile.grid=full profile.out=profiles/h100_llama3_8b.csv
+(`python -m testbed.app.profile ...` is the same.) The grid and the file format are described in
+`testbed.engine.profile`; this module adds the host-share points (the step loop with a policy, no
+model), which need a policy and so belong to the application.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import hydra
+import numpy as np
+from omegaconf import DictConfig
+
+from testbed.app.cli import CONF_DIR
+from testbed.app.plugins import make_policy
+from testbed.core.cost import BatchShape
+from testbed.core.kv import BlockManager
+from testbed.core.loop import SchedulerLimits, StepLoop
+from testbed.core.request import Request
+from testbed.engine.profile import _measure, grid_points, header_of, time_point, write_profile
+from testbed.engine.profile_config import ProfileConfig, resolve
+
+
+def time_host(policy_name: str, knobs: dict, n: int, limits: SchedulerLimits, block_size: int,
+              pc: ProfileConfig, retries: int) -> tuple[BatchShape, dict]:
+    """The step loop's cost per step with N running decodes: `plan` (the policy, validation, KV
+    allocation, the batch shape) + the replay's token bookkeeping + `complete`; no model."""
+    repeats, warmup = max(pc.repeats, 20), max(pc.warmup, 5)
+    out_len = (warmup + 10 * repeats) * (1 + retries) + 8  # nobody finishes while timed
+    blocks = n * -(-(16 + out_len) // block_size) + 8
+    limits = SchedulerLimits(max(limits.max_num_batched_tokens, 16 * n), max(limits.max_num_seqs, n),
+                             max(limits.max_model_len, 16 + out_len))
+    loop = StepLoop(make_policy(policy_name, **knobs), BlockManager(blocks, block_size, False), limits)
+    tokens = {}
+    for i in range(n):
+        loop.arrive(Request(i, 0.0, 16, out_len), 0.0)
+        tokens[i] = [1] * 16
+    clock = [0.0]
+    while len(loop.running) < n or not all(s.num_generated for s in loop.running):  # prefill everyone
+        batch = loop.plan(clock[0])
+        clock[0] += 1e-3
+        loop.complete(batch, clock[0])
+    shape = loop.shape_of([(s, 1) for s in loop.running])
+
+    def step():
+        batch = loop.plan(clock[0])
+        sampled = {s.req.id: 7 for s, k in batch.items}  # what execute() hands back
+        for rid, tok in sampled.items():
+            tokens[rid].append(tok)
+        clock[0] += 1e-3
+        loop.complete(batch, clock[0])
+        if batch.shape.num_decode_seqs != n:
+            raise RuntimeError(f"host profile: the {policy_name} policy ran {batch.shape.num_decode_seqs} of {n} decodes")
+
+    return shape, _measure(step, repeats, warmup, pc.min_time_s, retries)
+
+
+def run_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
+    """Profile the engine the config describes (model, device, dtype, block size) over `cfg.profile`'s
+    grid and write the profile file; returns its path."""
+    import torch
+
+    from testbed.engine.setup import build_engine
+    from testbed.app.run import _obj
+    from testbed.core.specs import ModelSpec
+
+    pc = resolve(cfg.get("profile"))
+    if pc.threads:
+        torch.set_num_threads(pc.threads)
+    engine = build_engine(cfg, _obj(cfg.model, ModelSpec))
+    spec, runner = engine.spec, engine.runner
+    bs = cfg.kv.block_size
+    max_len = cfg.scheduler.max_model_len or spec.max_model_len
+    points, skipped = grid_points(pc, max_len, engine.num_blocks, bs)
+    kv = BlockManager(engine.num_blocks, bs, enable_prefix_caching=False)
+    limits = SchedulerLimits(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs, max_len)
+
+    shape_loop = StepLoop(make_policy("vllm"), kv, limits)  # only for its BatchShape arithmetic
+    knobs = {}
+    if cfg.policy.name == pc.host_policy:
+        knobs = {k: v for k, v in dict(cfg.policy).items() if k != "name"}
+    show = pc.progress
+    if show is None:
+        show = sys.stderr.isatty() and not os.environ.get("CI")
+    from tqdm import tqdm
+
+    retries = pc.retries if engine.device.type == "cpu" else 0  # CPU time says nothing of a GPU's
+    # Measured in a shuffled (seeded) order, so that a slow spell of the machine spreads over the
+    # grid instead of biasing one region of it; written in grid order.
+    order = np.random.default_rng(cfg.seed).permutation(len(points))
+    rows: list[dict | None] = [None] * len(points)
+    t0 = time.perf_counter()
+    for i in tqdm(order, desc=f"profile {spec.name} on {engine.device_name}", unit="pt", disable=not show,
+                  leave=False):
+        p = points[i]
+        if p.kind == "host":
+            shape, m = time_host(pc.host_policy, knobs, p.decode_batch, limits, bs, pc, retries)
+        else:
+            shape, m = time_point(runner, kv, shape_loop.shape_of, p, pc, spec.vocab_size, retries)
+        if engine.device.type != "cpu":
+            m["cpu_s"], m["contended"] = float("nan"), 0
+        rows[i] = {"kind": p.kind, **asdict(shape), **m}
+    header = header_of(engine, cfg, pc, len(rows), skipped)
+    header["contended_points"] = sum(r["contended"] for r in rows)
+    header["wall_s"] = round(time.perf_counter() - t0, 1)
+    path = Path(out or pc.out or Path(cfg.output.dir) / "profile.csv")
+    return write_profile(path, header, rows)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> str:
+    from testbed.sim.fitted_cost import ProfileCostModel, read_profile
+
+    path = run_profile(cfg)
+    header, _ = read_profile(path)
+    print(f"profile: {path}  ({header.get('points')} points in {header.get('wall_s')} s, "
+          f"{header.get('contended_points')} disturbed by other processes)")
+    try:
+        fit = ProfileCostModel.from_file(path)
+    except ValueError as e:
+        print(f"no cost model fitted: {e}")
+    else:
+        h = fit.holdout
+        print(f"fitted cost model {fit.name}: held-out error (every {fit.holdout_every}th row, {h['rows']} rows) "
+              f"median {h['median_ape']:.1%}, p95 {h['p95_ape']:.1%}; use it with "
+              f"cost_model=profile cost_model.profile={path}")
+    return str(path)
+
+
+if __name__ == "__main__":
+    main()

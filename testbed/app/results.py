@@ -1,0 +1,81 @@
+"""Writing a run's results: the same files for every backend, so reports never care.
+
+`requests.parquet` (one row per trace row), `steps.parquet` (one row per engine step),
+`summary.json` (deterministic: nothing in it depends on the wall clock) and
+`config.yaml` (the resolved config), plus `run_info.json` for what does vary
+(wall time, versions).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import fields
+from pathlib import Path
+
+import pandas as pd
+
+from testbed.core.loop import StepSeries
+
+
+def _clean(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_clean(v) for v in x]
+    return x
+
+
+def summary_json(summary: dict) -> str:
+    return json.dumps(_clean(summary), indent=2, sort_keys=True) + "\n"
+
+
+def steps_frame(series_by_replica: list[StepSeries]) -> pd.DataFrame:
+    frames = []
+    for replica, series in enumerate(series_by_replica):
+        cols = {f.name: getattr(series, f.name) for f in fields(series)}
+        n = len(cols["duration"])  # a step planned but not completed (horizon) has no duration
+        df = pd.DataFrame({k: v[:n] for k, v in cols.items()})
+        df.insert(0, "replica", replica)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def write_results(out_dir: str | Path, requests: pd.DataFrame, steps: pd.DataFrame | None, summary: dict,
+                  config_yaml: str, run_info: dict) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    requests.to_parquet(out / "requests.parquet", index=False)
+    if steps is not None:
+        steps.to_parquet(out / "steps.parquet", index=False)
+    (out / "summary.json").write_text(summary_json(summary))
+    (out / "config.yaml").write_text(config_yaml)
+    (out / "run_info.json").write_text(json.dumps(_clean(run_info), indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def format_table(summary: dict) -> str:
+    """A short plain-text table of the headline metrics."""
+    rows = [("requests", f"{summary['num_requests']} = {summary['completed']} finished + "
+                         f"{summary['rejected']} rejected + {summary['unfinished']} unfinished")]
+    if summary["reject_reasons"]:
+        rows.append(("rejected by reason", ", ".join(f"{k}: {v}" for k, v in summary["reject_reasons"].items())))
+    rows.append(("duration", f"{summary['duration_s']:.1f} s"))
+    rows.append(("throughput", f"{summary['request_throughput']:.2f} req/s, {summary['output_throughput']:.0f} out tok/s, "
+                               f"{summary['total_token_throughput']:.0f} tok/s"))
+    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E latency"), ("queue", "queueing")):
+        if summary.get(f"mean_{key}_ms") is None:
+            continue
+        rows.append((f"{label} ms", "mean {:.1f}  p50 {:.1f}  p90 {:.1f}  p99 {:.1f}".format(
+            *(summary[f"{k}_{key}_ms"] for k in ("mean", "p50", "p90", "p99")))))
+    rows.append(("preemptions", str(summary["num_preemptions"])))
+    if summary.get("prefix_cache_hit_rate"):
+        rows.append(("prefix cache hit rate", f"{summary['prefix_cache_hit_rate']:.1%}"))
+    failed = [k for k, ok in summary["slo_checks"].items() if not ok]
+    verdict = "pass" if summary["slo_pass"] else "fail" + (f" ({', '.join(failed)})" if failed else "")
+    rows.append((f"SLO {summary['slo']}", f"goodput {summary['request_goodput']:.2f} req/s, attainment "
+                                          f"{summary['slo_attainment']:.1%}, p{summary.get('slo_percentile', 99):g} "
+                                          f"check: {verdict}"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -1,0 +1,242 @@
+"""From a resolved config to written results: the one path every entry point takes.
+
+It builds the request list (loaded or generated, then transformed), the cost model, the
+KV block manager and the policy, runs the chosen backend, and turns what the loop
+recorded into the per-request table and the summary.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from testbed import traces
+from testbed.core.cost import CostModel
+from testbed.sim.roofline import RooflineCostModel
+from testbed.core.kv import BlockManager
+from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
+from testbed.app.metrics import SLO, request_table, summarize
+from testbed.app.plugins import make_policy
+from testbed.core.request import Request
+from testbed.app.results import steps_frame
+from testbed.sim.simulation import Simulation, gc_paused
+from testbed.core.specs import HardwareSpec, ModelSpec, kv_capacity_blocks
+
+
+@dataclass
+class RunResult:
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict
+    wall_s: float
+
+
+def _obj(cfg: Any, cls):
+    """A typed dataclass instance from a config node (extra keys were rejected by the schema)."""
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    return cls(**data)
+
+
+def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple[int, str, str]]]:
+    """The trace's requests after transforms, and the rows the loader rejected (id, source, reason)."""
+    rejected: list[tuple[int, str, str]] = []
+    if tc.kind == "file":
+        if not tc.path:
+            raise ValueError("trace.path is required when trace.kind=file")
+        load = traces.load_trace(tc.path, tc.format, columns=dict(tc.columns) or None,
+                                 time_unit=tc.time_unit, lenient=tc.lenient)
+        reqs = load.requests
+        rejected = [(r.id, f"{r.file}:{r.line}", f"invalid-row: field {r.field}: {r.reason}") for r in load.rejected]
+    elif tc.kind in ("poisson", "gamma"):
+        if tc.lengths_from:
+            lengths = traces.load_trace(tc.lengths_from, tc.lengths_format).requests
+        elif tc.prompt_len and tc.output_len:
+            lengths = (tc.prompt_len, tc.output_len)
+        else:
+            raise ValueError("trace: a generator needs lengths_from, or both prompt_len and output_len")
+        if tc.kind == "poisson":
+            reqs = traces.poisson(tc.rate, n=tc.num_requests, duration=tc.duration_s, lengths=lengths, seed=seed)
+        else:
+            reqs = traces.gamma(tc.rate, tc.cv, n=tc.num_requests, duration=tc.duration_s, lengths=lengths, seed=seed)
+    else:
+        raise ValueError(f"trace.kind={tc.kind!r}: expected file, poisson or gamma")
+    if tc.start_s is not None or tc.end_s is not None:
+        reqs = traces.time_window(reqs, tc.start_s or 0.0, tc.end_s if tc.end_s is not None else float("inf"))
+    if tc.max_requests is not None:
+        reqs = traces.first_n(reqs, tc.max_requests)
+    if tc.rate_scale != 1.0:
+        reqs = traces.scale_rate(reqs, tc.rate_scale)
+    if tc.max_prompt_len is not None or tc.max_output_len is not None:
+        reqs = traces.cap_lengths(reqs, max_prompt=tc.max_prompt_len, max_output=tc.max_output_len)
+    return reqs, rejected
+
+
+def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
+    name = cfg.cost_model.name
+    if name == "roofline":
+        return RooflineCostModel(model, hw, block_size=cfg.kv.block_size)
+    if name == "profile":
+        from testbed.sim.fitted_cost import ProfileCostModel
+
+        if not cfg.cost_model.profile:
+            raise ValueError("cost_model=profile needs cost_model.profile=<a profile file> (testbed-profile writes one; "
+                             "profiles/ holds the shipped ones)")
+        cost = ProfileCostModel.from_file(cfg.cost_model.profile)
+        measured = cost.header.get("model")
+        if measured and measured != model.name:
+            import warnings
+
+            warnings.warn(f"cost model {cost.name} was measured on model {measured!r}, this run is {model.name!r}",
+                          stacklevel=2)
+        return cost
+    raise ValueError(f"cost_model.name={name!r}: expected one of ['roofline', 'profile']")
+
+
+def device_kv_blocks(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> int:
+    """Device KV capacity in blocks: set explicitly, or what the memory left after the weights holds."""
+    kc = cfg.kv
+    if kc.block_size < 1:
+        raise ValueError(f"kv.block_size={kc.block_size}: must be >= 1")
+    if kc.num_blocks is not None:
+        if kc.num_blocks < 1:
+            raise ValueError(f"kv.num_blocks={kc.num_blocks}: must be >= 1")
+        device = kc.num_blocks
+    else:
+        device = kv_capacity_blocks(model, hw, kc.block_size, kc.memory_utilization, kc.activation_reserve_gb * 1e9)
+    return device
+
+
+@dataclass
+class Setup:
+    """Everything a backend needs, built once from the config."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    slo: SLO
+    requests: list[Request]
+    load_rejects: list[tuple[int, str, str]]
+    cost: CostModel
+    device_blocks: int
+    host_blocks: int
+    limits: SchedulerLimits
+    knobs: dict
+
+    def make_loop(self, cfg: DictConfig, device_blocks: int | None = None) -> StepLoop:
+        kv = BlockManager(device_blocks or self.device_blocks, cfg.kv.block_size, cfg.kv.enable_prefix_caching,
+                          self.host_blocks)
+        return StepLoop(make_policy(cfg.policy.name, **self.knobs), kv, self.limits, self.cost,
+                        record_token_times=cfg.output.record_token_times)
+
+
+def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int | None = None) -> Setup:
+    model = model or _obj(cfg.model, ModelSpec)
+    hw = _obj(cfg.hardware, HardwareSpec)
+    slo = _obj(cfg.slo, SLO)
+    slo.validate()
+    reqs, load_rejects = build_requests(cfg.trace, cfg.seed)
+    cost = build_cost_model(cfg, model, hw)
+    blocks = device_blocks if device_blocks is not None else device_kv_blocks(cfg, model, hw)
+    host_blocks = int(cfg.kv.swap_space_gb * 1e9 // (cfg.kv.block_size * model.kv_bytes_per_token))
+    limits = SchedulerLimits(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs,
+                             cfg.scheduler.max_model_len or model.max_model_len)
+    knobs = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
+    make_policy(cfg.policy.name, **knobs)  # fail on bad knobs before anything runs
+    return Setup(model, hw, slo, reqs, load_rejects, cost, blocks, host_blocks, limits, knobs)
+
+
+def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, t0: float) -> RunResult:
+    """The per-request table and the summary of a replay, whichever backend ran it."""
+    states = [(i, s) for i, loop in enumerate(outcome.loops) for s in loop.states]
+    table = request_table(states, outcome.not_arrived, setup.load_rejects,
+                          "interrupted before it arrived" if outcome.interrupted else "arrives after the horizon")
+    itl = np.concatenate([np.asarray(loop.itl) for loop in outcome.loops]) if outcome.loops else np.empty(0)
+    loops = outcome.loops
+    summary = summarize(table, itl, setup.slo, (sum(l.kv.hit_tokens for l in loops), sum(l.kv.queried_tokens for l in loops)))
+    summary.update(policy=cfg.policy.name, trace=cfg.trace.name, model=setup.model.name, hardware=setup.hardware.name,
+                   cost_model=setup.cost.name, backend=backend, kv_blocks=loops[0].kv.num_blocks,
+                   block_size=cfg.kv.block_size, seed=cfg.seed, stalled=outcome.stalled,
+                   interrupted=outcome.interrupted,
+                   num_steps=sum(sum(l.series.steps[:len(l.series.duration)]) for l in loops),
+                   num_events=sum(len(l.series.duration) for l in loops))
+    rows = len(setup.requests) + len(setup.load_rejects)
+    if summary["num_requests"] != rows:
+        raise AssertionError(f"accounting broke: {summary['num_requests']} result rows for {rows} trace rows")
+    return RunResult(table, steps_frame([l.series for l in loops]), summary, time.perf_counter() - t0)
+
+
+def simulate(cfg: DictConfig) -> RunResult:
+    t0 = time.perf_counter()
+    if cfg.backend.name != "sim":
+        raise ValueError(f"backend.name={cfg.backend.name!r}: simulate() runs backend=sim")
+    setup = prepare(cfg)
+    with progress_bar(cfg, setup.requests) as progress:
+        sim = Simulation(setup.requests, lambda: setup.make_loop(cfg), setup.cost, cfg.backend.replicas,
+                         cfg.backend.router, cfg.backend.horizon_s, cfg.backend.fast_forward, progress)
+        with gc_paused():
+            return finish(cfg, setup, sim.run(), "sim", t0)
+
+
+def replay_on_engine(cfg: DictConfig) -> RunResult:
+    """Replay the trace in real time on the engine (torch + transformers, paged KV)."""
+    from testbed.engine.setup import build_engine
+
+    t0 = time.perf_counter()
+    spec = _obj(cfg.model, ModelSpec)
+    engine = build_engine(cfg, spec)
+    setup = prepare(cfg, model=engine.spec, device_blocks=engine.num_blocks)
+    replay = engine.replay(setup.requests, setup.make_loop(cfg, engine.num_blocks), cfg.backend.horizon_s, cfg.seed)
+    result = finish(cfg, setup, replay.run(), "engine", t0)
+    result.summary.update(device=engine.device_name, dtype=str(engine.dtype).removeprefix("torch."))
+    return result
+
+
+def run(cfg: DictConfig) -> RunResult:
+    if cfg.backend.name == "sim":
+        return simulate(cfg)
+    if cfg.backend.name == "engine":
+        return replay_on_engine(cfg)
+    raise ValueError(f"backend.name={cfg.backend.name!r}: expected sim or engine")
+
+
+@contextlib.contextmanager
+def progress_bar(cfg: DictConfig, requests: list[Request]):
+    """A tqdm bar over the trace's arrivals (simulated seconds), or None when it would be noise."""
+    show = cfg.output.progress
+    if show is None:
+        show = sys.stderr.isatty() and not os.environ.get("CI") and not _in_multirun()
+    if not show or not requests:
+        yield None
+        return
+    from tqdm import tqdm
+
+    span = requests[-1].arrival
+    with tqdm(total=round(span), unit="s", desc=f"{cfg.policy.name} on {cfg.trace.name} (simulated s)",
+              leave=False) as bar:
+        def update(now: float, delivered: int) -> None:
+            bar.n = min(round(now), bar.total)
+            bar.set_postfix(requests=delivered, refresh=False)
+            bar.refresh()
+
+        yield update
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def run_info(result: RunResult) -> dict:
+    import simpy
+
+    return {"wall_s": result.wall_s, "python": platform.python_version(), "simpy": simpy.__version__,
+            "numpy": np.__version__, "pandas": pd.__version__, "host": platform.node()}

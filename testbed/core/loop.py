@@ -1,0 +1,421 @@
+"""The one step loop both backends drive: admit, plan, validate, apply, complete.
+
+A backend calls `arrive()` as requests reach it, `plan()` to get the next validated
+batch (with the `BatchShape` its cost model or GPU needs), runs the batch however it
+runs batches, and then calls `complete()` with the time the step ended. All request
+progress, KV accounting, preemption and time stamping happen here, so the simulator
+and the engine cannot disagree about what a policy did.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from testbed.core.cost import BatchShape, CostModel
+from testbed.core.kv import BlockManager, KVCapacityError
+from testbed.core.plan import PREEMPT_MODES, RECOMPUTE, Plan, PlanError
+from testbed.core.policy import Policy
+from testbed.core.request import Request, RequestState, Status
+from testbed.core.view import SchedulerView
+
+_WAITING, _RUNNING, _SWAPPED = Status.WAITING, Status.RUNNING, Status.SWAPPED
+
+
+@dataclass
+class SchedulerLimits:
+    """Per-step limits every policy works under (vLLM's engine arguments of the same names)."""
+
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    max_model_len: int = 8192
+
+    def validate(self) -> None:
+        for key in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"scheduler.{key}={getattr(self, key)}: must be >= 1")
+
+
+@dataclass(slots=True)
+class Batch:
+    """A validated plan, applied to KV, ready to run.
+
+    `ends` is set when the loop fast-forwards a steady decode run: the end time of each
+    of its steps (see `StepLoop.extend_decode_run`).
+    """
+
+    items: list[tuple[RequestState, int]]
+    shape: BatchShape
+    start: float
+    ends: list[float] | None = None
+    # KV moves the engine must carry out before the forward: (request, device blocks) pairs,
+    # the blocks a swapped-out request held, and the blocks a swapped-in request now holds
+    swap_out: list[tuple[RequestState, list[int]]] | None = None
+    swap_in: list[tuple[RequestState, list[int]]] | None = None
+
+
+@dataclass
+class StepSeries:
+    """One row per step: the time series every run writes and W&B plots."""
+
+    start: list[float] = field(default_factory=list)
+    duration: list[float] = field(default_factory=list)
+    prefill_tokens: list[int] = field(default_factory=list)
+    decode_tokens: list[int] = field(default_factory=list)
+    running: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    kv_used_blocks: list[int] = field(default_factory=list)
+    preemptions: list[int] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)  # >1 for a fast-forwarded decode run
+
+
+class StepLoop:
+    def __init__(self, policy: Policy, kv: BlockManager, limits: SchedulerLimits,
+                 cost_model: CostModel | None = None, record_token_times: bool = False):
+        limits.validate()
+        self.policy = policy
+        self.policy_name = getattr(policy, "name", type(policy).__name__)
+        self.kv = kv
+        self.limits = limits
+        self.cost_model = cost_model
+        self.record_token_times = record_token_times
+        self.live: dict[int, RequestState] = {}  # waiting, swapped and running requests by id
+        self.states: list[RequestState] = []  # every request that reached this loop
+        self.waiting: list[RequestState] = []  # sorted by (arrival, id)
+        self.running: list[RequestState] = []  # admission order
+        self.itl: list[float] = []  # every inter-token gap, for ITL percentiles
+        self.series = StepSeries()
+        self.num_steps = 0  # engine steps completed (a fast-forwarded run counts each of its steps)
+        self.view = SchedulerView(self)
+        self._is_steady = getattr(policy, "is_steady", None)
+        self._swap_out: list | None = None
+        self._swap_blocks = 0
+        self._on_arrival = getattr(policy, "on_arrival", None)
+        self._on_finish = getattr(policy, "on_finish", None)
+
+    # --- arrivals ---------------------------------------------------------------------
+    def arrive(self, req: Request, now: float) -> RequestState:
+        """Take a request in, or reject it at once when it can never be served."""
+        s = RequestState(req)
+        self.states.append(s)
+        if self.record_token_times:
+            s.token_times = []
+        reason = self._reject_reason(req)
+        if reason:
+            s.status, s.reject_reason, s.finish_time = Status.REJECTED, reason, now
+            return s
+        self.live[req.id] = s
+        self.waiting.append(s)  # arrivals come in time order, so this keeps the queue sorted
+        if self._on_arrival is not None:
+            self.view.now = now
+            self._on_arrival(s, self.view)
+        return s
+
+    def _reject_reason(self, req: Request) -> str:
+        total = req.prompt_len + req.output_len
+        if total > self.limits.max_model_len:
+            return (f"too-long: prompt {req.prompt_len} + output {req.output_len} = {total} tokens "
+                    f"> max_model_len {self.limits.max_model_len}")
+        need = self.kv.blocks_for(total)
+        if need > self.kv.num_blocks:
+            return f"exceeds-kv: needs {need} KV blocks, the cache has {self.kv.num_blocks}"
+        return ""
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.live)
+
+    # --- one step -------------------------------------------------------------------------
+    def plan(self, now: float) -> Batch | None:
+        """Ask the policy for a plan, check it, apply preemptions and KV allocation.
+
+        Returns None when the policy scheduled nothing (the backend then waits for an
+        arrival). Raises PlanError naming the policy and the rule when the plan is invalid.
+        """
+        view = self.view
+        view.now = now
+        plan = self.policy.schedule(view)
+        if not isinstance(plan, Plan):
+            raise PlanError(self.policy_name, "plan-type", f"schedule() returned {type(plan).__name__}, not a Plan")
+        self._validate(plan)
+        shape = BatchShape()
+        swap_out, self._swap_out = self._swap_out, None  # swaps of an earlier preempt-only plan
+        shape.swap_blocks, self._swap_blocks = self._swap_blocks, 0
+        swap_in = None
+        for s, mode in plan.preempt:
+            if mode != RECOMPUTE:
+                swap_out = swap_out or []
+                swap_out.append((s, list(s.blocks)))
+            self._preempt(s, mode, shape)
+        admitted = 0
+        kv = self.kv
+        bs = kv.block_size
+        for s, n in plan.items:
+            status = s.status
+            if status is not _RUNNING:
+                if status is _SWAPPED:
+                    moved = self._guard_kv(kv.swap_in, s)
+                    shape.swap_blocks += moved
+                    swap_in = swap_in or []
+                    swap_in.append((s, s.blocks[:moved]))
+                else:
+                    s.num_computed = kv.acquire_prefix(s)
+                    s.prefix_hit_tokens += s.num_computed
+                s.status = _RUNNING
+                if s.first_scheduled < 0:
+                    s.first_scheduled = now
+                self.running.append(s)
+                admitted += 1
+            if s.num_computed + n > len(s.blocks) * bs:
+                self._guard_kv(kv.allocate, s, n)
+        if admitted:
+            self._drop_admitted_from_waiting(admitted)
+        if not plan.items:
+            if plan.preempt:
+                # The preemptions changed what the policy sees: ask again now rather than
+                # wait for an arrival. Each round preempts at least one running request,
+                # so this ends. Swaps are carried to the batch that finally runs.
+                self._swap_out, self._swap_blocks = swap_out, shape.swap_blocks
+                return self.plan(now)
+            return None
+        self._add_to_shape(shape, plan.items)
+        series = self.series
+        series.start.append(now)
+        series.prefill_tokens.append(shape.num_prefill_tokens)
+        series.decode_tokens.append(shape.num_decode_seqs)
+        series.running.append(len(self.running))
+        series.waiting.append(len(self.waiting))
+        series.kv_used_blocks.append(kv.num_used_blocks)
+        series.preemptions.append(len(plan.preempt))
+        series.steps.append(1)
+        self._steady = admitted == 0 and not plan.preempt
+        return Batch(plan.items, shape, now, None, swap_out, swap_in)
+
+    def extend_decode_run(self, batch: Batch, step_time, next_arrival: float, horizon: float) -> bool:
+        """Turn a steady all-decode batch into a run of identical decode steps.
+
+        When every running request decodes, nothing was admitted or preempted, and the
+        policy says its plan would not change until something arrives or finishes
+        (`is_steady`), the next plans are known: the same requests, one token each, with
+        contexts one longer per step. The run covers the steps that start before the next
+        arrival, end before the horizon, end no later than the first finish, and whose
+        KV growth fits in the free blocks, so every token time, ITL and KV outcome equals
+        what step-by-step planning would give. Step end times are summed one step at a
+        time, as the clock would. Returns False (a plain step) when there is no run.
+        """
+        items = batch.items
+        if (not self._steady or self._is_steady is None or len(items) != len(self.running)
+                or batch.shape.num_prefill_seqs or not self._is_steady(self.view)):
+            return False
+        k_max = min(s.req.output_len - s.num_generated for s, _ in items)
+        if k_max < 2:
+            return False
+        shape = batch.shape
+        n = shape.num_decode_seqs
+        ctx0 = shape.decode_kv_tokens
+        ends = []
+        t = batch.start
+        for i in range(k_max):
+            if i and t >= next_arrival:
+                break
+            shape.decode_kv_tokens = ctx0 + i * n
+            end = t + step_time(shape)
+            if end >= horizon:
+                break
+            ends.append(end)
+            t = end
+        shape.decode_kv_tokens = ctx0
+        k = len(ends)
+        if k < 2 or batch.start + (t - batch.start) != t:  # the clock adds the run's length to now: stay bit-exact
+            return False
+        kv, bs = self.kv, self.kv.block_size
+        need = sum(max(0, -(-(s.num_computed + k) // bs) - len(s.blocks)) for s, _ in items)
+        if need > kv.num_free_blocks:
+            return False
+        for s, _ in items:
+            kv.allocate(s, k)
+        batch.ends = ends
+        self.series.steps[-1] = k
+        return True
+
+    def complete(self, batch: Batch, now: float) -> None:
+        """Advance every request in the batch by its tokens; sample, stamp, finish."""
+        self.series.duration.append(now - batch.start)
+        self.num_steps += len(batch.ends) if batch.ends is not None else 1
+        if batch.ends is not None:
+            self._complete_run(batch)
+            return
+        kv, itl = self.kv, self.itl
+        any_finished = False
+        for s, n in batch.items:
+            s.num_computed += n
+            kv.commit(s)
+            if s.num_computed == s.req.prompt_len + s.num_generated:
+                s.num_generated += 1
+                if s.first_token_time < 0:
+                    s.first_token_time = now
+                else:
+                    itl.append(now - s.last_token_time)
+                s.last_token_time = now
+                if s.token_times is not None:
+                    s.token_times.append(now)
+                if s.num_generated >= s.req.output_len:
+                    self._finish(s, now)
+                    any_finished = True
+        if any_finished:
+            self._after_finish(batch, now)
+
+    def _complete_run(self, batch: Batch) -> None:
+        ends = batch.ends
+        k = len(ends)
+        gaps = [ends[i] - ends[i - 1] for i in range(1, k)]
+        end = ends[-1]
+        itl = self.itl
+        any_finished = False
+        for s, _ in batch.items:
+            itl.append(ends[0] - s.last_token_time)
+            itl.extend(gaps)
+            if s.token_times is not None:
+                s.token_times.extend(ends)
+            s.num_computed += k
+            s.num_generated += k
+            s.last_token_time = end
+            if s.num_generated >= s.req.output_len:
+                self._finish(s, end)
+                any_finished = True
+        if any_finished:
+            self._after_finish(batch, end)
+
+    def _finish(self, s: RequestState, now: float) -> None:
+        self.kv.free(s)
+        s.status = Status.FINISHED
+        s.finish_time = now
+        del self.live[s.req.id]
+
+    def _after_finish(self, batch: Batch, now: float) -> None:
+        self.running = [s for s in self.running if s.status is _RUNNING]
+        if self._on_finish is not None:
+            self.view.now = now
+            for s, _ in batch.items:
+                if s.status is Status.FINISHED and s.finish_time == now:
+                    self._on_finish(s, self.view)
+
+    # --- helpers ------------------------------------------------------------------------
+    def _validate(self, plan: Plan) -> None:
+        name, live, kv = self.policy_name, self.live, self.kv
+        preempted = set()
+        for s, mode in plan.preempt:
+            if live.get(s.req.id) is not s or s.status is not _RUNNING:
+                raise PlanError(name, "preempt-not-running",
+                                f"request {s.req.id} is {s.status.value}, only running requests can be preempted")
+            if mode not in PREEMPT_MODES:
+                raise PlanError(name, "preempt-mode", f"request {s.req.id}: mode {mode!r}, expected one of {PREEMPT_MODES}")
+            if s in preempted:
+                raise PlanError(name, "duplicate", f"request {s.req.id} is preempted twice")
+            preempted.add(s)
+        items = plan.items
+        if len(items) > self.limits.max_num_seqs:
+            raise PlanError(name, "max-num-seqs",
+                            f"{len(items)} requests scheduled, scheduler.max_num_seqs is {self.limits.max_num_seqs}")
+        seen = set()
+        total = 0
+        for s, n in items:
+            if live.get(s.req.id) is not s:
+                raise PlanError(name, "unknown-request",
+                                f"request {s.req.id} is not waiting or running here (status {s.status.value})")
+            if s in seen:
+                raise PlanError(name, "duplicate", f"request {s.req.id} is scheduled twice in one step")
+            seen.add(s)
+            if s in preempted:
+                raise PlanError(name, "preempt-and-schedule", f"request {s.req.id} is both preempted and scheduled")
+            if type(n) is not int or n < 1:
+                raise PlanError(name, "token-count", f"request {s.req.id}: {n!r} tokens; a step gives a request an int >= 1")
+            avail = s.remaining if (s.blocks or s.status is _SWAPPED) else s.known_len - kv.match_prefix(s)
+            if n > avail:
+                what = "a decode token before its prefill completes" if s.num_generated == 0 or s.remaining > 1 else "more than one decode token"
+                raise PlanError(name, "beyond-known-tokens",
+                                f"request {s.req.id}: {n} tokens scheduled but only {avail} can be computed now "
+                                f"({what}, or a chunk past the known sequence)")
+            total += n
+        if total > self.limits.max_num_batched_tokens:
+            raise PlanError(name, "token-budget",
+                            f"{total} tokens scheduled, scheduler.max_num_batched_tokens is {self.limits.max_num_batched_tokens}")
+
+    def _guard_kv(self, op, s: RequestState, *args) -> int:
+        try:
+            return op(s, *args)
+        except KVCapacityError as e:
+            raise PlanError(self.policy_name, "kv-capacity", f"request {s.req.id}: {e}") from None
+
+    def _preempt(self, s: RequestState, mode: str, shape: BatchShape) -> None:
+        if mode == RECOMPUTE:
+            self.kv.free(s)
+            s.num_computed = 0
+            s.status = _WAITING
+        else:
+            shape.swap_blocks += self._guard_kv(self.kv.swap_out, s)
+            s.status = _SWAPPED
+        s.num_preemptions += 1
+        self.running.remove(s)
+        bisect.insort(self.waiting, s, key=_arrival_order)
+
+    def _drop_admitted_from_waiting(self, admitted: int) -> None:
+        w = self.waiting
+        if all(w[i].status is _RUNNING for i in range(admitted)):
+            del w[:admitted]  # the common FCFS case: the head of the queue was admitted
+        else:
+            self.waiting = [s for s in w if s.status is not _RUNNING]
+
+    def shape_of(self, items: list[tuple[RequestState, int]]) -> BatchShape:
+        """The batch features of planned items, as they stand before the step runs."""
+        shape = BatchShape()
+        self._add_to_shape(shape, items, predicting=True)
+        return shape
+
+    def _add_to_shape(self, shape: BatchShape, items, predicting: bool = False) -> None:
+        prefill_tokens = prefill_seqs = decode_seqs = decode_kv = prefill_kv = 0
+        pairs = 0.0
+        kv = self.kv
+        for s, n in items:
+            offset = s.num_computed
+            if predicting and s.status is _WAITING and not s.blocks:
+                offset = kv.match_prefix(s)
+            if n == 1 and s.num_generated and offset + 1 == s.req.prompt_len + s.num_generated:
+                decode_seqs += 1
+                decode_kv += offset + 1
+            else:
+                prefill_tokens += n
+                prefill_seqs += 1
+                prefill_kv += offset + n
+                pairs += n * (offset + (n + 1) / 2)
+        shape.num_prefill_tokens += prefill_tokens
+        shape.num_prefill_seqs += prefill_seqs
+        shape.prefill_attn_pairs += pairs
+        shape.prefill_kv_tokens += prefill_kv
+        shape.num_decode_seqs += decode_seqs
+        shape.decode_kv_tokens += decode_kv
+
+    # --- the end of a run -----------------------------------------------------------------
+    def abandon(self, reason: str) -> None:
+        """Stop: every live request stays unfinished with this reason (KV is released)."""
+        for s in list(self.live.values()):
+            if s.blocks:
+                self.kv.free(s)
+            s.reject_reason = reason
+        self.live.clear()
+        self.waiting = []
+        self.running = []
+
+
+@dataclass
+class ReplayOutcome:
+    """What a backend hands back after replaying a trace: its loops and what never arrived."""
+
+    loops: list[StepLoop]
+    not_arrived: list[Request] = field(default_factory=list)  # arrivals after the horizon (or an interrupt)
+    end_time: float = 0.0
+    stalled: bool = False
+    interrupted: bool = False
+
+
+def _arrival_order(s: RequestState) -> tuple[float, int]:
+    return (s.req.arrival, s.req.id)

@@ -1,0 +1,109 @@
+"""What a policy may see each step: one long-lived, read-only window onto the loop.
+
+The view is created once per loop and reads the loop's live structures, so a step
+costs nothing to "snapshot". Policies must treat `waiting` and `running` as read-only.
+The helper methods answer the questions every KV-aware policy asks (how many tokens
+does this request still need now, how many blocks would that take, how many would
+preempting it give back) with the same arithmetic the loop will apply.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from testbed.core.cost import BatchShape
+from testbed.core.request import RequestState, Status
+
+if TYPE_CHECKING:
+    from testbed.core.loop import StepLoop
+    from testbed.core.plan import Plan
+
+
+class SchedulerView:
+    __slots__ = ("_loop", "_kv", "now")
+
+    def __init__(self, loop: "StepLoop"):
+        self._loop = loop
+        self._kv = loop.kv
+        self.now = 0.0
+
+    # --- queues -----------------------------------------------------------------------
+    @property
+    def waiting(self) -> list[RequestState]:
+        """Arrived requests holding no device KV (new, recompute-preempted, swapped), by arrival."""
+        return self._loop.waiting
+
+    @property
+    def running(self) -> list[RequestState]:
+        """Requests holding device KV, in admission order (the last admitted is last)."""
+        return self._loop.running
+
+    @property
+    def steps_done(self) -> int:
+        """Engine steps completed so far: lets a policy that counts steps (SGLang's ratio decay)
+        stay exact when the simulator fast-forwards a run of decode steps."""
+        return self._loop.num_steps
+
+    # --- limits -----------------------------------------------------------------------
+    @property
+    def token_budget(self) -> int:
+        return self._loop.limits.max_num_batched_tokens
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self._loop.limits.max_num_seqs
+
+    @property
+    def max_model_len(self) -> int:
+        return self._loop.limits.max_model_len
+
+    @property
+    def block_size(self) -> int:
+        return self._kv.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self._kv.num_blocks
+
+    @property
+    def free_blocks(self) -> int:
+        return self._kv.num_free_blocks
+
+    @property
+    def free_host_blocks(self) -> int:
+        return self._kv.num_free_host_blocks
+
+    # --- per-request arithmetic ---------------------------------------------------------
+    def prefix_hit_tokens(self, s: RequestState) -> int:
+        """Prompt tokens of a waiting request already in the prefix cache (0 if it holds KV)."""
+        if s.status is Status.WAITING and not s.blocks:
+            return self._kv.match_prefix(s)
+        return 0
+
+    def num_new_tokens(self, s: RequestState) -> int:
+        """Tokens the request can compute now: the rest of its prefill, or 1 for a decode."""
+        if s.status is Status.WAITING and not s.blocks:
+            return s.known_len - self._kv.match_prefix(s)
+        return s.remaining
+
+    def blocks_needed(self, s: RequestState, num_tokens: int) -> int:
+        """Free blocks that scheduling `num_tokens` of this request would consume."""
+        if s.status is Status.RUNNING:
+            return self._kv.blocks_needed(s, num_tokens)
+        if s.status is Status.SWAPPED:
+            return self._kv.blocks_for(s.num_computed + num_tokens)
+        return self._kv.admission_blocks(s, num_tokens)
+
+    def reclaimable_blocks(self, s: RequestState) -> int:
+        """Blocks that preempting this running request would return to the free pool."""
+        return self._kv.num_exclusive_blocks(s)
+
+    # --- cost model -------------------------------------------------------------------
+    def shape_of(self, plan: "Plan") -> BatchShape:
+        return self._loop.shape_of(plan.items)
+
+    def predict_step_time(self, plan: "Plan") -> float:
+        """The backend's cost model's prediction for this plan (the fitted one on the engine)."""
+        cost = self._loop.cost_model
+        if cost is None:
+            raise RuntimeError("this loop has no cost model to predict step times with")
+        return cost.step_time(self.shape_of(plan))

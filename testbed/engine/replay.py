@@ -1,0 +1,95 @@
+"""Real-time trace replay on the engine: the simulator's server process, on the wall clock.
+
+Arrivals are delivered when the wall clock passes their trace time; the loop never
+sleeps while work is waiting; a token's time is taken once its id is on the host (the
+runner returns Python ints, which synchronises the device). Everything else (policy,
+validation, KV accounting, metrics) is the shared step loop's, so a real run produces
+the same files as a simulated one. Ctrl-C ends the replay cleanly: finished requests
+keep their results, the rest are marked unfinished.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Protocol, Sequence
+
+from testbed.core.cost import BatchShape
+from testbed.core.loop import Batch, ReplayOutcome, StepLoop
+from testbed.core.request import Request, Status
+
+
+class StepRunner(Protocol):
+    def execute(self, items, token_ids: dict[int, list[int]]) -> dict[int, int]: ...
+
+    def swap_out(self, state, blocks: list[int]) -> None: ...
+
+    def swap_in(self, state, blocks: list[int]) -> None: ...
+
+
+class EngineReplay:
+    def __init__(self, requests: Sequence[Request], loop: StepLoop, runner: StepRunner,
+                 prompt_tokens: Callable[[Request], list[int]], horizon_s: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep):
+        self.requests, self.loop, self.runner = requests, loop, runner
+        self.prompt_tokens = prompt_tokens
+        self.horizon = horizon_s if horizon_s is not None else float("inf")
+        self.clock, self.sleep = clock, sleep
+        self.tokens: dict[int, list[int]] = {}  # known token ids of every live request
+        self.step_wall: list[float] = []  # measured seconds of each step's execute(), for calibration
+        # each step's (batch shape, execute() seconds, whole iteration seconds: arrivals + plan + execute +
+        # complete), so a cost model's prediction can be checked step by step (testbed-fidelity)
+        self.step_records: list[tuple[BatchShape, float, float]] = []
+        self.generated: dict[int, list[int]] = {}  # output token ids of every finished request
+
+    def run(self) -> ReplayOutcome:
+        loop, reqs = self.loop, self.requests
+        delivered = 0
+        stalled = interrupted = False
+        t0 = self.clock()
+        try:
+            while True:
+                now = self.clock() - t0
+                while delivered < len(reqs) and reqs[delivered].arrival <= now and reqs[delivered].arrival < self.horizon:
+                    self._arrive(reqs[delivered], now)
+                    delivered += 1
+                if now >= self.horizon:
+                    break
+                batch = loop.plan(now) if loop.has_work else None
+                if batch is not None:
+                    self._step(batch, t0, now)
+                    continue
+                if delivered >= len(reqs) or reqs[delivered].arrival >= self.horizon:
+                    if loop.has_work:
+                        stalled = True
+                        loop.abandon(f"stalled: policy {loop.policy_name!r} scheduled nothing and no arrivals were left")
+                    break
+                self.sleep(max(0.0, min(reqs[delivered].arrival, self.horizon) - (self.clock() - t0)))
+        except KeyboardInterrupt:
+            interrupted = True
+        end = self.clock() - t0
+        if loop.has_work:
+            loop.abandon("interrupted" if interrupted else "unfinished at the horizon")
+        return ReplayOutcome([loop], list(reqs[delivered:]), end, stalled, interrupted)
+
+    def _arrive(self, req: Request, now: float) -> None:
+        s = self.loop.arrive(req, now)
+        if s.status is not Status.REJECTED:
+            self.tokens[req.id] = self.prompt_tokens(req)
+
+    def _step(self, batch: Batch, t0: float, now: float) -> None:
+        runner = self.runner
+        for s, blocks in batch.swap_out or ():
+            runner.swap_out(s, blocks)
+        for s, blocks in batch.swap_in or ():
+            runner.swap_in(s, blocks)
+        start = self.clock()
+        sampled = runner.execute(batch.items, self.tokens)
+        end = self.clock()
+        self.step_wall.append(end - start)
+        tokens = self.tokens
+        for rid, tok in sampled.items():
+            tokens[rid].append(tok)
+        self.loop.complete(batch, end - t0)
+        for s, _ in batch.items:
+            if s.status is Status.FINISHED:
+                self.generated[s.req.id] = tokens.pop(s.req.id)[s.req.prompt_len:]
+        self.step_records.append((batch.shape, end - start, self.clock() - t0 - now))

@@ -1,0 +1,114 @@
+"""From a config to a ready engine: device, model, KV cache, runner; fail early if it cannot fit.
+
+A model or KV cache that does not fit is refused before anything is allocated with a
+message saying how much was needed and how much was free, rather than dying mid-replay
+in an out-of-memory error.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+
+from testbed.engine.kv_cache import PagedKVCache
+from testbed.engine.models import build_model, model_spec_of
+from testbed.engine.prompts import PromptTokens
+from testbed.engine.replay import EngineReplay
+from testbed.engine.runner import ModelRunner
+from testbed.core.loop import StepLoop
+from testbed.core.specs import DTYPE_BYTES, ModelSpec
+
+GB = 1e9
+
+
+class DoesNotFit(MemoryError):
+    pass
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"backend.device={name!r}, but torch sees no CUDA device (torch {torch.__version__})")
+    return dev
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free on the device (host RAM available, for the CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class Engine:
+    spec: ModelSpec
+    runner: ModelRunner
+    num_blocks: int
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def device_name(self) -> str:
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_name(self.device)
+        return "cpu"
+
+    def replay(self, requests, loop: StepLoop, horizon_s: float | None, seed: int) -> EngineReplay:
+        return EngineReplay(requests, loop, self.runner, PromptTokens(self.spec.vocab_size, seed), horizon_s)
+
+
+def decode_graph_pool_bytes(spec: ModelSpec, dtype: torch.dtype, max_batch: int, max_context_tokens: int) -> int:
+    """An upper estimate of the decode graphs' shared pool: the largest step's K and V gathered
+    for one layer, its float32 logits, and 25% for the layer activations around them."""
+    item = torch.empty((), dtype=dtype).element_size()
+    gathered = 2 * max_context_tokens * spec.num_kv_heads * spec.head_dim * item
+    logits = max_batch * spec.vocab_size * 4
+    return int(1.25 * (gathered + logits))
+
+
+def build_engine(cfg: DictConfig, spec: ModelSpec) -> Engine:
+    device = resolve_device(cfg.backend.device)
+    dtype_name = cfg.backend.dtype or spec.dtype
+    if spec.checkpoint:
+        spec = ModelSpec.from_hf_config(spec.checkpoint, name=spec.name, dtype=dtype_name)
+    weights = spec.num_params * DTYPE_BYTES[dtype_name]
+    usable = free_memory(device) * cfg.kv.memory_utilization
+    if weights > usable:
+        raise DoesNotFit(f"model {spec.name} does not fit on {device}: its weights need {weights / GB:.2f} GB in "
+                         f"{dtype_name}, {usable / GB:.2f} GB is usable (free memory x kv.memory_utilization "
+                         f"{cfg.kv.memory_utilization})")
+    model = build_model(spec, dtype_name, device, seed=cfg.seed)
+    if spec.checkpoint:
+        spec = model_spec_of(model.config, name=spec.name, dtype=dtype_name)
+    dtype = next(model.parameters()).dtype
+    block_size = cfg.kv.block_size
+    block_bytes = PagedKVCache.block_bytes(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, dtype)
+    left = free_memory(device) * cfg.kv.memory_utilization - (0 if device.type == "cuda" else weights)
+    left -= cfg.kv.activation_reserve_gb * GB
+    graphs = device.type == "cuda" and cfg.backend.cuda_graphs
+    graph_pool = decode_graph_pool_bytes(spec, dtype, cfg.scheduler.max_num_seqs,
+                                         cfg.backend.cuda_graph_max_tokens) if graphs else 0
+    left -= graph_pool + (block_bytes if graphs else 0)  # the graphs' memory pool, the scratch block
+    if cfg.kv.num_blocks is not None:
+        num_blocks = cfg.kv.num_blocks
+    else:
+        num_blocks = int(left // block_bytes)
+        if device.type == "cpu":  # host RAM is shared with everything else: hold only what can ever be used
+            max_len = cfg.scheduler.max_model_len or spec.max_model_len
+            num_blocks = min(num_blocks, cfg.scheduler.max_num_seqs * -(-max_len // block_size))
+    need = num_blocks * block_bytes
+    if num_blocks < 1 or need > left:
+        raise DoesNotFit(f"KV cache of {max(num_blocks, 1)} blocks ({block_size} tokens each) needs "
+                         f"{max(need, block_bytes) / GB:.2f} GB, {max(left, 0) / GB:.2f} GB is free on {device} after "
+                         f"{weights / GB:.2f} GB of weights, {cfg.kv.activation_reserve_gb} GB of activation reserve"
+                         + (f" and {graph_pool / GB:.2f} GB for CUDA graphs (backend.cuda_graphs)" if graphs else ""))
+    cache = PagedKVCache.for_model(model.config, num_blocks, block_size, dtype, device, scratch_block=graphs)
+    runner = ModelRunner(model, cache)
+    if graphs:  # captured here, before any timing: a replay or a profile never pays for a capture
+        runner.enable_decode_graphs(cfg.scheduler.max_num_seqs, cfg.scheduler.max_model_len or spec.max_model_len,
+                                    use_graphs=True, max_context_tokens=cfg.backend.cuda_graph_max_tokens)
+    return Engine(spec, runner, num_blocks, device, dtype)

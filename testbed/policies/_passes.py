@@ -1,0 +1,95 @@
+"""The two passes most schedulers are built from, written once.
+
+`run_running` is vLLM's pass over running requests (each takes what it still needs under
+the budget; on a KV shortage the policy's chosen victim is preempted and the request
+retries). `admit` is FCFS-style admission of candidates in a given order, stopping at the
+first that does not fit. Policies differ in the orders they pass in and in what they do
+around these passes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from testbed.core.plan import RECOMPUTE, SWAP, Plan
+from testbed.core.request import RequestState
+
+
+@dataclass
+class StepBudget:
+    """What is left of this step as a policy fills it."""
+
+    tokens: int
+    free_blocks: int
+    host_blocks: int
+    seqs: int  # requests scheduled (or kept running) so far
+    preempted: bool = False
+
+    @classmethod
+    def of(cls, view, tokens: int | None = None) -> "StepBudget":
+        return cls(view.token_budget if tokens is None else min(tokens, view.token_budget), view.free_blocks,
+                   view.free_host_blocks, 0)
+
+
+def preempt(plan: Plan, victim: RequestState, mode: str, b: StepBudget) -> None:
+    """Preempt by `mode`; a swap falls back to recompute when the host swap space left is short."""
+    if mode == SWAP and len(victim.blocks) <= b.host_blocks:
+        b.host_blocks -= len(victim.blocks)
+    else:
+        mode = RECOMPUTE
+    plan.preempt_request(victim, mode)
+
+
+def run_running(view, plan: Plan, order: list[RequestState], b: StepBudget, mode: str = RECOMPUTE,
+                cap: int | None = None, want: Callable[[RequestState], int] | None = None) -> list[RequestState]:
+    """Schedule running requests in `order`; victims are taken from the end of `order`.
+
+    Returns the requests preempted. Stops at the first request that preempted itself or
+    when the budget is spent; requests after that stay running, unscheduled.
+    """
+    victims: list[RequestState] = []
+    last = len(order)
+    i = 0
+    while i < last and b.tokens > 0:
+        s = order[i]
+        n = min(want(s) if want else s.remaining, b.tokens, cap or b.tokens)
+        need = view.blocks_needed(s, n)
+        while need > b.free_blocks and last > i:
+            last -= 1
+            victim = order[last]
+            preempt(plan, victim, mode, b)
+            victims.append(victim)
+            b.free_blocks += view.reclaimable_blocks(victim)
+        if last == i:  # the request preempted itself
+            break
+        plan.schedule(s, n)
+        b.free_blocks -= need
+        b.tokens -= n
+        i += 1
+    b.seqs += last  # those not preempted hold their place in the running set
+    b.preempted = b.preempted or bool(victims)
+    return victims
+
+
+def admit(view, plan: Plan, candidates: Iterable[RequestState], b: StepBudget, chunked: bool = True,
+          cap: int | None = None, reserve: Callable[[RequestState, int], int] | None = None) -> int:
+    """Admit candidates in order while the sequence cap, budget and KV allow; stop at the
+    first that does not fit. `reserve(s, n)` overrides the blocks a request must find free
+    (e.g. its whole prompt + output, for policies that reserve up front). Returns the count."""
+    admitted = 0
+    for s in candidates:
+        if b.tokens <= 0 or b.seqs >= view.max_num_seqs:
+            break
+        want = view.num_new_tokens(s)
+        if want > b.tokens and not chunked and want <= view.token_budget:
+            break
+        n = min(want, b.tokens, cap or b.tokens)
+        need = view.blocks_needed(s, n)
+        if (reserve(s, n) if reserve else need) > b.free_blocks:
+            break
+        plan.schedule(s, n)
+        b.free_blocks -= reserve(s, n) if reserve else need
+        b.tokens -= n
+        b.seqs += 1
+        admitted += 1
+    return admitted

@@ -1,0 +1,68 @@
+"""Reshaping a trace without touching the file: load scaling, time windows, truncation, caps.
+
+Why: one recorded trace serves many experiments (twice the load, the busiest ten
+minutes, the first thousand requests, prompts cut to a model's context). Each transform
+returns new `Request`s (`dataclasses.replace`) and never mutates its input, which other
+runs may share. Ids and sources are kept, so a result still joins back to its trace row;
+the ids of a transformed list are therefore unique but need not be contiguous.
+Arguments are checked up front with errors that name the config key they come from.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from numbers import Integral, Real
+from typing import Sequence
+
+from testbed.core.request import Request
+
+
+def scale_rate(requests: Sequence[Request], factor: float) -> list[Request]:
+    """Replay at `factor` times the load: every arrival time divided by `factor` (2 = twice
+    as many requests per second; 0.5 = half). Order and lengths are unchanged."""
+    if isinstance(factor, bool) or not isinstance(factor, Real) or not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"scale_rate: factor={factor!r} (trace.rate_scale) must be a finite number > 0")
+    return [dataclasses.replace(r, arrival=r.arrival / factor) for r in requests]
+
+
+def time_window(requests: Sequence[Request], start_s: float, end_s: float = math.inf) -> list[Request]:
+    """The requests arriving in ``[start_s, end_s)``, re-based by `start_s`.
+
+    Re-basing by the window's start (not by the first kept arrival) keeps the idle gap
+    at the window's start, so the window replays exactly as that stretch of the trace did:
+    a request that arrived 3 s into the window arrives at 3 s. `end_s` may be infinite.
+    """
+    if isinstance(start_s, bool) or not isinstance(start_s, Real) or not (math.isfinite(start_s) and start_s >= 0):
+        raise ValueError(f"time_window: start_s={start_s!r} (trace.start_s) must be a finite number >= 0")
+    if isinstance(end_s, bool) or not isinstance(end_s, Real) or math.isnan(end_s) or not end_s > start_s:
+        raise ValueError(f"time_window: end_s={end_s!r} (trace.end_s) must be a number > start_s={start_s!r}")
+    return [dataclasses.replace(r, arrival=r.arrival - start_s) for r in requests if start_s <= r.arrival < end_s]
+
+
+def first_n(requests: Sequence[Request], n: int) -> list[Request]:
+    """The first `n` requests in list order (arrival order for a loaded trace); all if fewer."""
+    if isinstance(n, bool) or not isinstance(n, Integral) or n < 1:
+        raise ValueError(f"first_n: n={n!r} (trace.max_requests) must be an integer >= 1")
+    return list(requests[:n])
+
+
+def cap_lengths(requests: Sequence[Request], max_prompt: int | None = None,
+                max_output: int | None = None) -> list[Request]:
+    """Clip prompt lengths to `max_prompt` and output lengths to `max_output` (None: no cap).
+
+    Prefix hashes for blocks wholly beyond a clipped prompt are dropped, so they never
+    describe tokens the request no longer has. Unchanged requests are returned as they are.
+    """
+    for key, v in (("max_prompt", max_prompt), ("max_output", max_output)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, Integral) or v < 1):
+            raise ValueError(f"cap_lengths: {key}={v!r} (trace.{key}_len) must be None or an integer >= 1")
+    out = []
+    for r in requests:
+        p = r.prompt_len if max_prompt is None else min(r.prompt_len, int(max_prompt))
+        o = r.output_len if max_output is None else min(r.output_len, int(max_output))
+        if p == r.prompt_len and o == r.output_len:
+            out.append(r)
+            continue
+        keep = -(-p // r.prefix_block_tokens)
+        out.append(dataclasses.replace(r, prompt_len=p, output_len=o, prefix_hashes=r.prefix_hashes[:keep]))
+    return out

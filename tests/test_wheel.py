@@ -1,0 +1,32 @@
+"""The wheel built from the repository carries everything a non-editable install needs: every
+config group, every shipped profile, the bundled traces and the policy guide. (`.ci/run`
+also installs that wheel into a fresh environment and runs the main command from a
+temporary directory.)"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_ships_config_groups_profiles_and_traces(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    wheel = next(tmp_path.glob("*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    needed = [p for p in (ROOT / "testbed" / "conf").rglob("*.yaml")]
+    needed += list((ROOT / "testbed" / "profiles").glob("*.csv"))
+    needed += [p for p in (ROOT / "testbed" / "traces" / "data").rglob("*") if p.is_file()]
+    needed += [ROOT / "testbed" / "policies" / "README.md"]
+    groups = {p.parent.name for p in (ROOT / "testbed" / "conf").rglob("*.yaml")}
+    assert {"policy", "trace", "model", "hardware", "slo", "backend", "cost_model", "logger", "experiment"} <= groups
+    assert len(needed) > 40
+    missing = [str(p.relative_to(ROOT)) for p in needed if p.relative_to(ROOT).as_posix() not in names]
+    assert not missing, f"not in {wheel.name}: {missing}"
+    # and no stray top-level package that a user's own folder could shadow or be shadowed by
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert tops == {"testbed"}, tops
