@@ -87,6 +87,7 @@ class StepLoop:
         self.num_steps = 0  # engine steps completed (a fast-forwarded run counts each of its steps)
         self.view = SchedulerView(self)
         self._is_steady = getattr(policy, "is_steady", None)
+        self._pending_swaps: tuple[list | None, int] = (None, 0)  # (swap-outs, blocks moved) not yet run
         self._on_arrival = getattr(policy, "on_arrival", None)
         self._on_finish = getattr(policy, "on_finish", None)
 
@@ -131,7 +132,10 @@ class StepLoop:
         """
         view = self.view
         view.now = now
-        swap_out, swap_blocks = None, 0  # swaps of preempt-only plans, carried to the batch that runs
+        # swaps of preempt-only plans, carried to the batch that runs (across a None too:
+        # the engine copies the blocks out then, and a swap-in needs that copy)
+        swap_out, swap_blocks = self._pending_swaps
+        self._pending_swaps = (None, 0)
         while True:
             plan = self.policy.schedule(view)
             if not isinstance(plan, Plan):
@@ -143,6 +147,7 @@ class StepLoop:
             if plan.items:
                 break
             if not plan.preempt:
+                self._pending_swaps = (swap_out, shape.swap_blocks)
                 return None
             # The preemptions changed what the policy sees: ask again now rather than wait
             # for an arrival. Each round preempts at least one running request, so this
@@ -411,6 +416,7 @@ class StepLoop:
         self.live.clear()
         self.waiting = []
         self.running = []
+        self._pending_swaps = (None, 0)
 
 
 @dataclass
