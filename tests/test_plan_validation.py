@@ -182,3 +182,42 @@ def test_preempt_only_plan_is_followed_by_a_new_plan():
     assert calls == [1, 0] and batch is not None and batch.items == [(s, 1)]
     assert batch.swap_out and batch.swap_out[0][0] is s and batch.swap_in and batch.swap_in[0][0] is s
     assert batch.shape.swap_blocks == 2 * len(batch.swap_out[0][1])
+
+
+def test_a_long_chain_of_preempt_only_plans_does_not_recurse():
+    # Finding 9: 1,200 running requests, and a policy that preempts one of them per plan and
+    # schedules nothing until none runs. The loop re-plans after each preempt-only plan; done by
+    # recursion, this passed Python's recursion limit (RecursionError) long before the end.
+    n = 1200
+    loop, pol = loop_with(make_requests([(0, 1, 2)] * n), num_blocks=n, block_size=1, budget=n, max_seqs=n)
+    states = list(loop.waiting)
+    pol.next_plan = plan_of(*((s, 1) for s in states))
+    loop.complete(loop.plan(0.0), 0.1)
+    assert len(loop.running) == n
+    calls = []
+
+    def script(view):
+        calls.append(len(view.running))
+        return plan_of(preempt=[(view.running[-1], "recompute")]) if view.running else plan_of((states[0], 1))
+
+    pol.next_plan = script
+    batch = loop.plan(0.1)
+    assert calls == list(range(n, -1, -1)) and batch.items == [(states[0], 1)]
+    assert sum(s.num_preemptions for s in states) == n
+
+
+def test_swaps_of_a_preempt_only_plan_reach_the_next_batch_even_after_an_empty_plan():
+    # the policy swaps the only running request out, then schedules nothing: plan() returns
+    # None. The swap-out must still reach the batch that finally runs (the engine copies the
+    # blocks to host then, and a later swap-in without that copy fails); it was dropped.
+    loop, pol = loop_with(make_requests([(0, 8, 4)]), host_blocks=8)
+    s = loop.waiting[0]
+    pol.next_plan = plan_of((s, 8))
+    loop.complete(loop.plan(0.0), 0.1)
+    rounds = iter([plan_of(preempt=[(s, "swap")]), plan_of()])
+    pol.next_plan = lambda view: next(rounds)
+    assert loop.plan(0.1) is None and s.status.value == "swapped"
+    pol.next_plan = plan_of((s, 1))
+    batch = loop.plan(0.2)
+    assert batch.swap_out and batch.swap_out[0][0] is s and batch.swap_in and batch.swap_in[0][0] is s
+    assert batch.shape.swap_blocks == 2 * len(batch.swap_out[0][1])

@@ -87,8 +87,7 @@ class StepLoop:
         self.num_steps = 0  # engine steps completed (a fast-forwarded run counts each of its steps)
         self.view = SchedulerView(self)
         self._is_steady = getattr(policy, "is_steady", None)
-        self._swap_out: list | None = None
-        self._swap_blocks = 0
+        self._pending_swaps: tuple[list | None, int] = (None, 0)  # (swap-outs, blocks moved) not yet run
         self._on_arrival = getattr(policy, "on_arrival", None)
         self._on_finish = getattr(policy, "on_finish", None)
 
@@ -133,13 +132,45 @@ class StepLoop:
         """
         view = self.view
         view.now = now
-        plan = self.policy.schedule(view)
-        if not isinstance(plan, Plan):
-            raise PlanError(self.policy_name, "plan-type", f"schedule() returned {type(plan).__name__}, not a Plan")
-        self._validate(plan)
-        shape = BatchShape()
-        swap_out, self._swap_out = self._swap_out, None  # swaps of an earlier preempt-only plan
-        shape.swap_blocks, self._swap_blocks = self._swap_blocks, 0
+        # swaps of preempt-only plans, carried to the batch that runs (across a None too:
+        # the engine copies the blocks out then, and a swap-in needs that copy)
+        swap_out, swap_blocks = self._pending_swaps
+        self._pending_swaps = (None, 0)
+        while True:
+            plan = self.policy.schedule(view)
+            if not isinstance(plan, Plan):
+                raise PlanError(self.policy_name, "plan-type", f"schedule() returned {type(plan).__name__}, not a Plan")
+            self._validate(plan)
+            shape = BatchShape()
+            shape.swap_blocks = swap_blocks
+            swap_out, swap_in, admitted = self._apply(plan, shape, now, swap_out)
+            if plan.items:
+                break
+            if not plan.preempt:
+                self._pending_swaps = (swap_out, shape.swap_blocks)
+                return None
+            # The preemptions changed what the policy sees: ask again now rather than wait
+            # for an arrival. Each round preempts at least one running request, so this
+            # ends. A loop, not a recursion: a policy may preempt one request a round with
+            # a thousand running, past Python's recursion limit.
+            swap_blocks = shape.swap_blocks
+        self._add_to_shape(shape, plan.items)
+        series = self.series
+        series.start.append(now)
+        series.prefill_tokens.append(shape.num_prefill_tokens)
+        series.decode_tokens.append(shape.num_decode_seqs)
+        series.running.append(len(self.running))
+        series.waiting.append(len(self.waiting))
+        series.kv_used_blocks.append(self.kv.num_used_blocks)
+        series.preemptions.append(len(plan.preempt))
+        series.steps.append(1)
+        self._steady = admitted == 0 and not plan.preempt
+        return Batch(plan.items, shape, now, None, swap_out, swap_in)
+
+    def _apply(self, plan: Plan, shape: BatchShape, now: float, swap_out: list | None):
+        """Apply a validated plan: preemptions first (their blocks serve the same plan), then
+        admission and KV allocation. Swap traffic is added to `shape`. Returns the swap-outs
+        (appended to `swap_out`), the swap-ins and the number of requests admitted."""
         swap_in = None
         for s, mode in plan.preempt:
             if mode != RECOMPUTE:
@@ -169,26 +200,7 @@ class StepLoop:
                 self._guard_kv(kv.allocate, s, n)
         if admitted:
             self._drop_admitted_from_waiting(admitted)
-        if not plan.items:
-            if plan.preempt:
-                # The preemptions changed what the policy sees: ask again now rather than
-                # wait for an arrival. Each round preempts at least one running request,
-                # so this ends. Swaps are carried to the batch that finally runs.
-                self._swap_out, self._swap_blocks = swap_out, shape.swap_blocks
-                return self.plan(now)
-            return None
-        self._add_to_shape(shape, plan.items)
-        series = self.series
-        series.start.append(now)
-        series.prefill_tokens.append(shape.num_prefill_tokens)
-        series.decode_tokens.append(shape.num_decode_seqs)
-        series.running.append(len(self.running))
-        series.waiting.append(len(self.waiting))
-        series.kv_used_blocks.append(kv.num_used_blocks)
-        series.preemptions.append(len(plan.preempt))
-        series.steps.append(1)
-        self._steady = admitted == 0 and not plan.preempt
-        return Batch(plan.items, shape, now, None, swap_out, swap_in)
+        return swap_out, swap_in, admitted
 
     def extend_decode_run(self, batch: Batch, step_time, next_arrival: float, horizon: float) -> bool:
         """Turn a steady all-decode batch into a run of identical decode steps.
@@ -404,6 +416,7 @@ class StepLoop:
         self.live.clear()
         self.waiting = []
         self.running = []
+        self._pending_swaps = (None, 0)
 
 
 @dataclass
