@@ -67,14 +67,17 @@ def _offered_rate(cfg: DictConfig) -> float:
 
 
 def _finished_before(cfg: DictConfig) -> dict | None:
-    """The summary of an earlier run of this very config in this folder, so reruns skip it."""
+    """The summary of an earlier complete run of this very config in this folder, so reruns skip
+    it. A run that was interrupted, stalled or failed is not done: the rerun redoes it."""
+    from testbed.app.results import run_status
+
     out = Path(cfg.output.dir)
-    summary, config = out / "summary.json", out / "config.yaml"
-    if not (cfg.output.skip_done and summary.exists() and config.exists()):
+    config = out / "config.yaml"
+    if not (cfg.output.skip_done and config.exists() and run_status(out) == "ok"):
         return None
     if config.read_text() != OmegaConf.to_yaml(cfg, resolve=True):
         return None
-    return json.loads(summary.read_text())
+    return json.loads((out / "summary.json").read_text())
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

@@ -42,6 +42,21 @@ def steps_frame(series_by_replica: list[StepSeries]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def run_status(out_dir: str | Path) -> str | None:
+    """What a run folder holds: "ok", "interrupted" or "stalled" (from its summary), or None
+    when it holds no results. Only an "ok" folder may be skipped by a rerun: an interrupted or
+    stalled run wrote results too, but they are partial, so the same command must redo it."""
+    path = Path(out_dir) / "summary.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    if summary.get("interrupted"):
+        return "interrupted"
+    if summary.get("stalled"):
+        return "stalled"
+    return "ok"
+
+
 def write_results(out_dir: str | Path, requests: pd.DataFrame, steps: pd.DataFrame | None, summary: dict,
                   config_yaml: str, run_info: dict) -> Path:
     out = Path(out_dir)
