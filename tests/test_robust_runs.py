@@ -4,20 +4,58 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 TINY = ["trace.max_requests=50", "output.print_table=false"]
 
 
-def run_testbed(args, cwd, **kw):
+def command(args):
     """`python -m testbed ARGS` (the checkout's code, whatever console script is installed)."""
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, "-m", "testbed", *args], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=120, **kw)
+    return [sys.executable, "-m", "testbed", *args], {**os.environ, "HYDRA_FULL_ERROR": "0"}
+
+
+def run_testbed(args, cwd):
+    cmd, env = command(args)
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=120)
+
+
+def signal_when(args, cwd, marker: bytes, stream: str, sig, delay: float = 0.0):
+    """Start the command, wait until `marker` shows on its stdout or stderr (the run is under
+    way), send `sig` after `delay` seconds; the exit code and both outputs."""
+    cmd, env = command(args)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = b""
+    try:
+        fd = getattr(proc, stream).fileno()
+        while marker not in seen:
+            chunk = os.read(fd, 4096)
+            assert chunk, f"the run ended before {marker!r} showed: {seen.decode(errors='replace')[-2000:]}"
+            seen += chunk
+        time.sleep(delay)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    return proc.returncode, (seen if stream == "stdout" else b"") + out, (seen if stream == "stderr" else b"") + err
+
+
+def assert_interrupted_results(out: Path, some_finished: bool = True):
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    table = pd.read_parquet(out / "requests.parquet")
+    assert len(table) == summary["num_requests"]  # every trace row is accounted for
+    assert summary["unfinished"] > 0 and (table.outcome == "unfinished").sum() == summary["unfinished"]
+    assert set(table.reason[table.outcome == "unfinished"]) <= {"interrupted", "interrupted before it arrived"}
+    if some_finished:
+        assert summary["completed"] > 0 and table.e2el_ms[table.outcome == "finished"].notna().all()
+    return summary
 
 
 @pytest.mark.parametrize("flag", ["interrupted", "stalled"])
@@ -35,3 +73,25 @@ def test_rerun_redoes_a_partial_run(tmp_path, flag):
     assert json.loads(summary.read_text())[flag] is False  # redone, complete
     third = run_testbed(args, tmp_path)
     assert "skipped" in third.stdout  # a complete run is still skipped
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_keeps_the_simulators_finished_results(tmp_path, sig):
+    """The whole Azure trace, stopped once the progress bar shows the simulation under way."""
+    out = tmp_path / "run"
+    code, _, err = signal_when(["output.write_steps=false", "output.print_table=false", "output.progress=true",
+                                f"output.dir={out}"], tmp_path, b"requests=", "stderr", sig)
+    assert code == 128 + sig, err.decode()[-3000:]
+    assert f"interrupted by {signal.Signals(sig).name}" in err.decode()
+    assert_interrupted_results(out)
+
+
+def test_sigterm_keeps_the_engines_finished_results(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "run"
+    args = ["backend=engine", "model=tiny_llama", "trace.max_requests=200", "trace.rate_scale=5",
+            "trace.max_prompt_len=64", "trace.max_output_len=16", "backend.device=cpu", "output.print_table=false",
+            f"output.dir={out}"]
+    code, stdout, err = signal_when(args, tmp_path, b"engine ready", "stdout", signal.SIGTERM, delay=3.0)
+    assert code == 143, (stdout + err).decode()[-3000:]
+    assert_interrupted_results(out)

@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.app.config import register_configs
+from testbed.app.stop import StopRequest, stop_on_signals
 
 CONF_DIR = Path(str(resources.files("testbed") / "conf"))
 log = logging.getLogger("testbed")
@@ -26,14 +27,19 @@ register_configs()
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
-    from testbed.app.results import format_table, write_results
-    from testbed.app.run import run, run_info
-
     done = _finished_before(cfg)
     if done is not None:
         print(f"skipped: {cfg.output.dir} already holds the results of this exact config")
         return done
-    result = run(cfg)
+    with stop_on_signals() as stop:  # SIGINT/SIGTERM: finish the step, write what finished, exit 128+N
+        return _run_and_write(cfg, stop)
+
+
+def _run_and_write(cfg: DictConfig, stop: StopRequest) -> dict:
+    from testbed.app.results import format_table, write_results
+    from testbed.app.run import run, run_info
+
+    result = run(cfg, stop)
     if HydraConfig.initialized():  # the policy's config name tells variants of one policy apart
         result.summary["policy_config"] = HydraConfig.get().runtime.choices.get("policy", cfg.policy.name)
     out = write_results(cfg.output.dir, result.requests, result.steps if cfg.output.write_steps else None,
@@ -52,8 +58,9 @@ def main(cfg: DictConfig) -> dict:
         what = "simulated" if cfg.backend.name == "sim" else "replayed on the engine"
         print(f"results: {out}  ({what} in {result.wall_s:.2f} s wall)")
     if result.summary.get("interrupted"):
-        print("interrupted: unfinished requests are marked as such in the results", file=sys.stderr)
-        sys.exit(130)
+        print(f"interrupted by {stop.name}: the results of finished requests are in {out}, the others are "
+              "marked unfinished", file=sys.stderr)
+        sys.exit(stop.exit_code)
     return result.summary
 
 
