@@ -95,3 +95,29 @@ def test_sigterm_keeps_the_engines_finished_results(tmp_path):
     code, stdout, err = signal_when(args, tmp_path, b"engine ready", "stdout", signal.SIGTERM, delay=3.0)
     assert code == 143, (stdout + err).decode()[-3000:]
     assert_interrupted_results(out)
+
+
+@pytest.fixture
+def stalling_policy(tmp_path, monkeypatch):
+    """A policy plugin that never schedules anything, installed as a plugin is (an entry point in
+    the `testbed.policies` group, a config on Hydra's search path): the arguments that select it."""
+    site = tmp_path / "site"
+    (site / "stall_plugin-0.dist-info").mkdir(parents=True)
+    (site / "stall_plugin-0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: stall-plugin\nVersion: 0\n")
+    (site / "stall_plugin-0.dist-info" / "entry_points.txt").write_text("[testbed.policies]\nnever = stall_plugin\n")
+    (site / "stall_plugin.py").write_text(
+        "from testbed import BasePolicy, Plan, register\n\n\n@register\nclass Never(BasePolicy):\n"
+        "    name = 'never'\n\n    def schedule(self, view):\n        return Plan()\n")
+    (site / "conf" / "policy").mkdir(parents=True)
+    (site / "conf" / "policy" / "never.yaml").write_text("defaults:\n  - never_schema\nname: never\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(site)]).strip(os.pathsep))
+    return [f"hydra.searchpath=[file://{site / 'conf'}]", "policy=never"]
+
+
+def test_a_stalled_run_says_so_and_exits_nonzero(tmp_path, stalling_policy):
+    out = tmp_path / "run"
+    proc = run_testbed(stalling_policy + ["trace.max_requests=20", f"output.dir={out}"], tmp_path)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "stalled: policy 'never' scheduled nothing while 20 requests" in proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stalled"] is True and summary["unfinished"] == 20

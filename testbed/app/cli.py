@@ -21,6 +21,7 @@ from testbed.app.stop import StopRequest, stop_on_signals
 
 CONF_DIR = Path(str(resources.files("testbed") / "conf"))
 log = logging.getLogger("testbed")
+STALLED_EXIT = 3  # the run ended with work its policy would not schedule (interrupted: 128 + signal)
 
 register_configs()
 
@@ -61,6 +62,10 @@ def _run_and_write(cfg: DictConfig, stop: StopRequest) -> dict:
         print(f"interrupted by {stop.name}: the results of finished requests are in {out}, the others are "
               "marked unfinished", file=sys.stderr)
         sys.exit(stop.exit_code)
+    if result.summary.get("stalled"):
+        print(f"stalled: policy {cfg.policy.name!r} scheduled nothing while {result.summary['unfinished']} requests "
+              f"were left and no arrivals were to come; they are marked unfinished in {out}", file=sys.stderr)
+        sys.exit(STALLED_EXIT)
     return result.summary
 
 
