@@ -121,3 +121,37 @@ def test_a_stalled_run_says_so_and_exits_nonzero(tmp_path, stalling_policy):
     assert "stalled: policy 'never' scheduled nothing while 20 requests" in proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stalled"] is True and summary["unfinished"] == 20
+
+
+def test_steps_count_the_preemptions_of_preempt_only_plans():
+    """A policy that, now and then, only preempts (and schedules in the plan it is asked for
+    next): the per-step preemption column must add up to the requests' preemption count."""
+    from conftest import make_loop, make_requests
+    from testbed import BasePolicy, Plan
+    from testbed.sim.simulation import Simulation
+
+    class PreemptOnlyEveryFifthCall(BasePolicy):
+        name = "preempt_only_test"
+
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def schedule(self, view):
+            self.calls += 1
+            plan = Plan()
+            if self.calls % 5 == 0 and view.running:
+                for s in view.running:
+                    plan.preempt_request(s)
+                return plan
+            for s in list(view.running) + list(view.waiting):
+                plan.schedule(s, view.num_new_tokens(s))
+            return plan
+
+    reqs = make_requests([(0.001 * i, 8, 6) for i in range(6)])
+    loop = make_loop(PreemptOnlyEveryFifthCall(), budget=256)
+    out = Simulation(reqs, lambda: loop, loop.cost_model, fast_forward=False).run()
+    assert not out.stalled and all(s.status.value == "finished" for s in loop.states)
+    preempted = sum(s.num_preemptions for s in loop.states)
+    assert preempted > 0
+    assert sum(loop.series.preemptions) == preempted

@@ -89,6 +89,7 @@ class StepLoop:
         self._is_steady = getattr(policy, "is_steady", None)
         self._swap_out: list | None = None
         self._swap_blocks = 0
+        self._preempted = 0  # preemptions of earlier preempt-only plans, counted in the step that runs
         self._on_arrival = getattr(policy, "on_arrival", None)
         self._on_finish = getattr(policy, "on_finish", None)
 
@@ -140,6 +141,7 @@ class StepLoop:
         shape = BatchShape()
         swap_out, self._swap_out = self._swap_out, None  # swaps of an earlier preempt-only plan
         shape.swap_blocks, self._swap_blocks = self._swap_blocks, 0
+        preempted, self._preempted = self._preempted + len(plan.preempt), 0
         swap_in = None
         for s, mode in plan.preempt:
             if mode != RECOMPUTE:
@@ -174,8 +176,9 @@ class StepLoop:
                 # The preemptions changed what the policy sees: ask again now rather than
                 # wait for an arrival. Each round preempts at least one running request,
                 # so this ends. Swaps are carried to the batch that finally runs.
-                self._swap_out, self._swap_blocks = swap_out, shape.swap_blocks
+                self._swap_out, self._swap_blocks, self._preempted = swap_out, shape.swap_blocks, preempted
                 return self.plan(now)
+            self._preempted = preempted
             return None
         self._add_to_shape(shape, plan.items)
         series = self.series
@@ -185,7 +188,7 @@ class StepLoop:
         series.running.append(len(self.running))
         series.waiting.append(len(self.waiting))
         series.kv_used_blocks.append(kv.num_used_blocks)
-        series.preemptions.append(len(plan.preempt))
+        series.preemptions.append(preempted)
         series.steps.append(1)
         self._steady = admitted == 0 and not plan.preempt
         return Batch(plan.items, shape, now, None, swap_out, swap_in)
