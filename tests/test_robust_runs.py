@@ -155,3 +155,62 @@ def test_steps_count_the_preemptions_of_preempt_only_plans():
     preempted = sum(s.num_preemptions for s in loop.states)
     assert preempted > 0
     assert sum(loop.series.preemptions) == preempted
+
+
+def _processes_using(folder: Path) -> set[int]:
+    """Processes holding a file under `folder` open (Linux /proc)."""
+    pids = set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(str(os.readlink(fd)).startswith(str(folder)) for fd in fd_dir.iterdir()):
+                pids.add(int(fd_dir.parent.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="finds the job's process through /proc")
+def test_a_killed_sweep_job_fails_alone_and_the_summary_lists_every_job(tmp_path):
+    """Job 0 (the whole trace) is killed by SIGKILL while it runs, as the OOM killer would;
+    job 1 runs beside it and job 2 waits in the queue (two workers): both must finish, and the
+    sweep's table must list all three with their statuses."""
+    sweep = tmp_path / "sweep"
+    cmd, env = command(["-m", "trace.max_requests=null,50,60", "output.write_steps=false", "output.print_table=false",
+                        f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}"])
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, seen = time.monotonic() + 60, None
+        while True:  # job 0's log is open in the process running it (and in its parent, if forked)
+            pids = _processes_using(sweep / "0")
+            forked = [p for p in pids if _parent(p) in pids]
+            seen = seen or (pids and time.monotonic())
+            if forked or (seen and time.monotonic() > seen + 3):  # (the job's work in the worker itself)
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        job0 = forked[0] if forked else next(iter(pids))
+        os.kill(job0, signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0  # a job failed: the sweep says so
+    table = pd.read_csv(sweep / "sweep_summary.csv").set_index("job")
+    assert sorted(table.index) == [0, 1, 2], out + err
+    assert table.status[0] == "failed: JobKilled: killed by SIGKILL", out + err
+    assert list(table.status[[1, 2]]) == ["ok", "ok"] and list(table.completed[[1, 2]]) == [50, 60]
+    assert "job 0 (" in out and "killed by SIGKILL" in out
+
+
+def test_a_stalled_sweep_job_is_listed_as_stalled(tmp_path, stalling_policy):
+    searchpath, _ = stalling_policy
+    sweep = tmp_path / "sweep"
+    proc = run_testbed(["-m", searchpath, "policy=never,vllm", "trace.max_requests=20", f"hydra.sweep.dir={sweep}",
+                        "output.print_table=false"], tmp_path)
+    assert proc.returncode != 0 and "stalled: policy 'never'" in proc.stdout + proc.stderr
+    table = pd.read_csv(sweep / "sweep_summary.csv").set_index("policy")
+    assert table.status.to_dict() == {"never": "stalled", "vllm": "ok"}
+    assert not list(sweep.glob("*/failed.json"))  # its results are written: stalled, not failed

@@ -42,11 +42,32 @@ def steps_frame(series_by_replica: list[StepSeries]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+FAILED = "failed.json"  # a run that ended in an exception, or whose process was killed: why
+
+
+class RunNotComplete(RuntimeError):
+    """A run that was interrupted or stalled: its results are written and say so (no FAILED)."""
+
+
+def record_failure(out_dir: str | Path, reason: str) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FAILED).write_text(json.dumps({"status": "failed", "reason": reason}, indent=2) + "\n")
+
+
+def clear_failure(out_dir: str | Path) -> None:
+    (Path(out_dir) / FAILED).unlink(missing_ok=True)
+
+
 def run_status(out_dir: str | Path) -> str | None:
-    """What a run folder holds: "ok", "interrupted" or "stalled" (from its summary), or None
-    when it holds no results. Only an "ok" folder may be skipped by a rerun: an interrupted or
-    stalled run wrote results too, but they are partial, so the same command must redo it."""
-    path = Path(out_dir) / "summary.json"
+    """What a run folder holds: "failed: <why>" (its FAILED record), "interrupted" or "stalled"
+    (from its summary), "ok", or None when it holds no results. Only an "ok" folder may be
+    skipped by a rerun: an interrupted or stalled run wrote results too, but they are partial,
+    so the same command must redo it, as it redoes a failed one."""
+    out = Path(out_dir)
+    if (out / FAILED).exists():
+        return "failed: " + json.loads((out / FAILED).read_text())["reason"]
+    path = out / "summary.json"
     if not path.exists():
         return None
     summary = json.loads(path.read_text())

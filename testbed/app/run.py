@@ -218,7 +218,7 @@ def progress_bar(cfg: DictConfig, requests: list[Request]):
     """A tqdm bar over the trace's arrivals (simulated seconds), or None when it would be noise."""
     show = cfg.output.progress
     if show is None:
-        show = sys.stderr.isatty() and not os.environ.get("CI") and not _in_multirun()
+        show = sys.stderr.isatty() and not os.environ.get("CI") and not in_multirun()
     if not show or not requests:
         yield None
         return
@@ -235,7 +235,8 @@ def progress_bar(cfg: DictConfig, requests: list[Request]):
         yield update
 
 
-def _in_multirun() -> bool:
+def in_multirun() -> bool:
+    """Whether this is a job of a Hydra multirun (a sweep)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 

@@ -27,30 +27,39 @@ class StopRequest:
     def __call__(self) -> bool:
         return self.signum is not None
 
-    @property
-    def exit_code(self) -> int:
-        return 128 + (self.signum or signal.SIGINT)
 
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum or signal.SIGINT).name
+
+def exit_code(signum: int | None) -> int:
+    """A shell's exit status for a process a signal ended: 128 + its number (SIGINT if unknown)."""
+    return 128 + (signum or signal.SIGINT)
+
+
+def signal_name(signum: int | None) -> str:
+    return signal.Signals(signum or signal.SIGINT).name
 
 
 @contextlib.contextmanager
 def stop_on_signals():
     """A StopRequest raised by SIGINT or SIGTERM within the block (the handlers are restored
     after). Off the main thread, where Python cannot install handlers, nothing changes."""
-    stop = StopRequest()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
 
-    def handler(signum, frame):
+    def raise_flag(stop: StopRequest, signum: int) -> None:
         if stop.signum is not None:
             raise KeyboardInterrupt  # asked twice: stop now
         stop.signum = signum
 
-    old = {s: signal.signal(s, handler) for s in SIGNALS}
+    with on_signals(raise_flag) as stop:
+        yield stop
+
+
+@contextlib.contextmanager
+def on_signals(react):
+    """Within the block, SIGINT and SIGTERM call `react(stop, signum)` (main thread only)."""
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    old = {s: signal.signal(s, lambda signum, frame: react(stop, signum)) for s in SIGNALS}
     try:
         yield stop
     finally:
