@@ -214,3 +214,7 @@ def test_a_stalled_sweep_job_is_listed_as_stalled(tmp_path, stalling_policy):
     table = pd.read_csv(sweep / "sweep_summary.csv").set_index("policy")
     assert table.status.to_dict() == {"never": "stalled", "vllm": "ok"}
     assert not list(sweep.glob("*/failed.json"))  # its results are written: stalled, not failed
+    from testbed.app.report import build_report
+
+    page = build_report(sweep).read_text()  # the report plots only the complete runs
+    assert "1 jobs; policies: vllm " in page
