@@ -173,11 +173,10 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="finds the job's process through /proc")
-def test_a_killed_sweep_job_fails_alone_and_the_summary_lists_every_job(tmp_path):
-    """Job 0 (the whole trace) is killed by SIGKILL while it runs, as the OOM killer would;
-    job 1 runs beside it and job 2 waits in the queue (two workers): both must finish, and the
-    sweep's table must list all three with their statuses."""
+def _sweep_signalling_job0(tmp_path, sig, whom: str, delay: float = 0.0):
+    """A sweep of three jobs: job 0 (the whole trace) gets `sig` while it runs, sent to its own
+    process ("job") or to the worker running it ("worker"); job 1 runs beside it and job 2 waits
+    in the queue (two workers). The sweep's exit code, its table by job, and its output."""
     sweep = tmp_path / "sweep"
     cmd, env = command(["-m", "trace.max_requests=null,50,60", "output.write_steps=false", "output.print_table=false",
                         f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}"])
@@ -193,16 +192,33 @@ def test_a_killed_sweep_job_fails_alone_and_the_summary_lists_every_job(tmp_path
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
         job0 = forked[0] if forked else next(iter(pids))
-        os.kill(job0, signal.SIGKILL)
+        time.sleep(delay)
+        os.kill(_parent(job0) if whom == "worker" and forked else job0, sig)
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode != 0  # a job failed: the sweep says so
-    table = pd.read_csv(sweep / "sweep_summary.csv").set_index("job")
-    assert sorted(table.index) == [0, 1, 2], out + err
-    assert table.status[0] == "failed: JobKilled: killed by SIGKILL", out + err
+    table = pd.read_csv(sweep / "sweep_summary.csv").set_index("job") if (sweep / "sweep_summary.csv").exists() else None
+    assert table is not None and sorted(table.index) == [0, 1, 2], out + err
     assert list(table.status[[1, 2]]) == ["ok", "ok"] and list(table.completed[[1, 2]]) == [50, 60]
+    return proc.returncode, table, out + err
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="finds the job's process through /proc")
+def test_a_killed_sweep_job_fails_alone_and_the_summary_lists_every_job(tmp_path):
+    """SIGKILL, as the OOM killer sends it: that job fails, the others finish, all are listed."""
+    code, table, out = _sweep_signalling_job0(tmp_path, signal.SIGKILL, "job")
+    assert code != 0  # a job failed: the sweep says so
+    assert table.status[0] == "failed: JobKilled: killed by SIGKILL", out
     assert "job 0 (" in out and "killed by SIGKILL" in out
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="finds the job's process through /proc")
+def test_sigterm_to_a_sweep_worker_interrupts_its_job_cleanly(tmp_path):
+    """SIGTERM to the worker running job 0 (as a kill of it would): the job writes its finished
+    requests and is listed interrupted; the sweep goes on and exits non-zero."""
+    code, table, out = _sweep_signalling_job0(tmp_path, signal.SIGTERM, "worker", delay=2.0)
+    assert code != 0 and table.status[0] == "interrupted", out
+    assert table.completed[0] > 0 and table.unfinished[0] > 0 and "interrupted by SIGTERM" in out
 
 
 def test_a_stalled_sweep_job_is_listed_as_stalled(tmp_path, stalling_policy):
