@@ -58,21 +58,23 @@ def assert_interrupted_results(out: Path, some_finished: bool = True):
     return summary
 
 
-@pytest.mark.parametrize("flag", ["interrupted", "stalled"])
-def test_rerun_redoes_a_partial_run(tmp_path, flag):
+@pytest.mark.parametrize("state", ["interrupted", "stalled", "failed"])
+def test_rerun_redoes_a_partial_run(tmp_path, state):
     out = tmp_path / "run"
     args = TINY + [f"output.dir={out}"]
     assert run_testbed(args, tmp_path).returncode == 0
     summary = out / "summary.json"
-    partial = json.loads(summary.read_text())
-    partial[flag] = True  # what an interrupted (or stalled) run of this config leaves behind
-    summary.write_text(json.dumps(partial))
+    if state == "failed":  # what a failed attempt over an earlier run's files leaves behind
+        (out / "failed.json").write_text(json.dumps({"status": "failed", "reason": "JobKilled: killed by SIGKILL"}))
+    else:  # what an interrupted (or stalled) run of this config leaves behind
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), state: True}))
     again = run_testbed(args, tmp_path)
     assert again.returncode == 0, again.stderr
     assert "skipped" not in again.stdout
-    assert json.loads(summary.read_text())[flag] is False  # redone, complete
-    third = run_testbed(args, tmp_path)
-    assert "skipped" in third.stdout  # a complete run is still skipped
+    done = json.loads(summary.read_text())  # redone, complete
+    assert not done["interrupted"] and not done["stalled"] and not (out / "failed.json").exists()
+    if state == "interrupted":
+        assert "skipped" in run_testbed(args, tmp_path).stdout  # a complete run is still skipped
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -88,6 +88,7 @@ def write_results(out_dir: str | Path, requests: pd.DataFrame, steps: pd.DataFra
     (out / "summary.json").write_text(summary_json(summary))
     (out / "config.yaml").write_text(config_yaml)
     (out / "run_info.json").write_text(json.dumps(_clean(run_info), indent=2, sort_keys=True) + "\n")
+    clear_failure(out)  # an earlier attempt's failure no longer holds
     return out
 
 

@@ -28,7 +28,6 @@ class StopRequest:
         return self.signum is not None
 
 
-
 def exit_code(signum: int | None) -> int:
     """A shell's exit status for a process a signal ended: 128 + its number (SIGINT if unknown)."""
     return 128 + (signum or signal.SIGINT)

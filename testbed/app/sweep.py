@@ -23,7 +23,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from testbed.app.results import FAILED, RunNotComplete, clear_failure, record_failure, run_status
+from testbed.app.results import FAILED, RunNotComplete, record_failure, run_status
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +101,6 @@ class MergeSweepTable(Callback):
         print(format_sweep(df))
         for _, row in bad.iterrows():
             print(f"job {row.job} ({row.get('overrides', '')}): {row.status}")
-
-    def on_job_start(self, config: DictConfig, **kwargs) -> None:
-        clear_failure(config.output.dir)  # a failure of an earlier attempt no longer holds
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
         error = job_return._return_value  # `return_value` re-raises a failed job's exception
