@@ -17,27 +17,44 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.app.config import register_configs
+from testbed.app.stop import exit_code, signal_name, stop_on_signals
 
 CONF_DIR = Path(str(resources.files("testbed") / "conf"))
 log = logging.getLogger("testbed")
+STALLED_EXIT = 3  # the run ended with work its policy would not schedule (interrupted: 128 + signal)
 
 register_configs()
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
-    from testbed.app.results import format_table, write_results
-    from testbed.app.run import run, run_info
-
     done = _finished_before(cfg)
     if done is not None:
         print(f"skipped: {cfg.output.dir} already holds the results of this exact config")
         return done
-    result = run(cfg)
-    if HydraConfig.initialized():  # the policy's config name tells variants of one policy apart
-        result.summary["policy_config"] = HydraConfig.get().runtime.choices.get("policy", cfg.policy.name)
-    out = write_results(cfg.output.dir, result.requests, result.steps if cfg.output.write_steps else None,
-                        result.summary, OmegaConf.to_yaml(cfg, resolve=True), run_info(result))
+    from testbed.app.run import in_multirun
+
+    if in_multirun():  # a sweep job: its work in a child, so that an OS kill ends this job only
+        from testbed.app.isolated import run_isolated
+
+        summary, signum = run_isolated(_run_and_write, cfg)
+    else:
+        summary, signum = _run_and_write(cfg)
+    return _verdict(cfg, summary, signum)
+
+
+def _run_and_write(cfg: DictConfig) -> tuple[dict, int | None]:
+    """Run, write the results, print the table: the summary, and the signal that stopped the
+    run early (SIGINT/SIGTERM: the step under way finishes, the finished requests are written)."""
+    from testbed.app.results import format_table, write_results
+    from testbed.app.run import run, run_info
+
+    with stop_on_signals() as stop:
+        result = run(cfg, stop)
+        if HydraConfig.initialized():  # the policy's config name tells variants of one policy apart
+            result.summary["policy_config"] = HydraConfig.get().runtime.choices.get("policy", cfg.policy.name)
+        out = write_results(cfg.output.dir, result.requests, result.steps if cfg.output.write_steps else None,
+                            result.summary, OmegaConf.to_yaml(cfg, resolve=True), run_info(result))
     if cfg.logger.name == "wandb":
         from testbed.app.wandb_log import log_to_wandb
 
@@ -51,10 +68,30 @@ def main(cfg: DictConfig) -> dict:
         print(format_table(result.summary))
         what = "simulated" if cfg.backend.name == "sim" else "replayed on the engine"
         print(f"results: {out}  ({what} in {result.wall_s:.2f} s wall)")
-    if result.summary.get("interrupted"):
-        print("interrupted: unfinished requests are marked as such in the results", file=sys.stderr)
-        sys.exit(130)
-    return result.summary
+    return result.summary, stop.signum
+
+
+def _verdict(cfg: DictConfig, summary: dict, signum: int | None) -> dict:
+    """The summary of a complete run. An interrupted or stalled one says so and exits 128 +
+    the signal or STALLED_EXIT (a single run), or raises RunNotComplete (a sweep job: Hydra
+    records it as failed, the other jobs go on, and the sweep exits non-zero at the end)."""
+    if summary.get("interrupted"):
+        message = (f"interrupted by {signal_name(signum)}: the results of finished requests are in "
+                   f"{cfg.output.dir}, the others are marked unfinished")
+        code = exit_code(signum)
+    elif summary.get("stalled"):
+        message = (f"stalled: policy {cfg.policy.name!r} scheduled nothing while {summary['unfinished']} requests "
+                   f"were left and no arrivals were to come; they are marked unfinished in {cfg.output.dir}")
+        code = STALLED_EXIT
+    else:
+        return summary
+    from testbed.app.results import RunNotComplete
+    from testbed.app.run import in_multirun
+
+    if in_multirun():
+        raise RunNotComplete(message)
+    print(message, file=sys.stderr)
+    sys.exit(code)
 
 
 def _offered_rate(cfg: DictConfig) -> float:
@@ -67,14 +104,17 @@ def _offered_rate(cfg: DictConfig) -> float:
 
 
 def _finished_before(cfg: DictConfig) -> dict | None:
-    """The summary of an earlier run of this very config in this folder, so reruns skip it."""
+    """The summary of an earlier complete run of this very config in this folder, so reruns skip
+    it. A run that was interrupted, stalled or failed is not done: the rerun redoes it."""
+    from testbed.app.results import run_status
+
     out = Path(cfg.output.dir)
-    summary, config = out / "summary.json", out / "config.yaml"
-    if not (cfg.output.skip_done and summary.exists() and config.exists()):
+    config = out / "config.yaml"
+    if not (cfg.output.skip_done and config.exists() and run_status(out) == "ok"):
         return None
     if config.read_text() != OmegaConf.to_yaml(cfg, resolve=True):
         return None
-    return json.loads(summary.read_text())
+    return json.loads((out / "summary.json").read_text())
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

@@ -119,6 +119,8 @@ def _capacity(sweep: Path, df: pd.DataFrame, path: Path) -> Path:
 def build_report(sweep_dir: str | Path, rate_scale: float | None = None, out: str | Path | None = None) -> Path:
     sweep = Path(sweep_dir)
     df = write_sweep_table(sweep)
+    if "status" in df:  # failed, interrupted and stalled jobs are listed in the table, not plotted
+        df = df[df["status"] == "ok"]
     if df.empty:
         raise FileNotFoundError(f"no job under {sweep} has a summary.json: is this a multirun folder?")
     if "policy_config" in df:  # label variants of one policy (sglang_lpm, ...) by their config name

@@ -42,6 +42,42 @@ def steps_frame(series_by_replica: list[StepSeries]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+FAILED = "failed.json"  # a run that ended in an exception, or whose process was killed: why
+
+
+class RunNotComplete(RuntimeError):
+    """A run that was interrupted or stalled: its results are written and say so (no FAILED)."""
+
+
+def record_failure(out_dir: str | Path, reason: str) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FAILED).write_text(json.dumps({"status": "failed", "reason": reason}, indent=2) + "\n")
+
+
+def clear_failure(out_dir: str | Path) -> None:
+    (Path(out_dir) / FAILED).unlink(missing_ok=True)
+
+
+def run_status(out_dir: str | Path) -> str | None:
+    """What a run folder holds: "failed: <why>" (its FAILED record), "interrupted" or "stalled"
+    (from its summary), "ok", or None when it holds no results. Only an "ok" folder may be
+    skipped by a rerun: an interrupted or stalled run wrote results too, but they are partial,
+    so the same command must redo it, as it redoes a failed one."""
+    out = Path(out_dir)
+    if (out / FAILED).exists():
+        return "failed: " + json.loads((out / FAILED).read_text())["reason"]
+    path = out / "summary.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    if summary.get("interrupted"):
+        return "interrupted"
+    if summary.get("stalled"):
+        return "stalled"
+    return "ok"
+
+
 def write_results(out_dir: str | Path, requests: pd.DataFrame, steps: pd.DataFrame | None, summary: dict,
                   config_yaml: str, run_info: dict) -> Path:
     out = Path(out_dir)
@@ -52,6 +88,7 @@ def write_results(out_dir: str | Path, requests: pd.DataFrame, steps: pd.DataFra
     (out / "summary.json").write_text(summary_json(summary))
     (out / "config.yaml").write_text(config_yaml)
     (out / "run_info.json").write_text(json.dumps(_clean(run_info), indent=2, sort_keys=True) + "\n")
+    clear_failure(out)  # an earlier attempt's failure no longer holds
     return out
 
 

@@ -7,12 +7,13 @@ recorded into the per-request table and the summary.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import platform
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -29,6 +30,8 @@ from testbed.core.request import Request
 from testbed.app.results import steps_frame
 from testbed.sim.simulation import Simulation, gc_paused
 from testbed.core.specs import HardwareSpec, ModelSpec, kv_capacity_blocks
+
+log = logging.getLogger("testbed")
 
 
 @dataclass
@@ -172,7 +175,8 @@ def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, 
     return RunResult(table, steps_frame([l.series for l in loops]), summary, time.perf_counter() - t0)
 
 
-def simulate(cfg: DictConfig) -> RunResult:
+def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None) -> RunResult:
+    """Simulate the config's run; `stop()` turning true ends it early (interrupted) between steps."""
     t0 = time.perf_counter()
     if cfg.backend.name != "sim":
         raise ValueError(f"backend.name={cfg.backend.name!r}: simulate() runs backend=sim")
@@ -181,11 +185,12 @@ def simulate(cfg: DictConfig) -> RunResult:
         sim = Simulation(setup.requests, lambda: setup.make_loop(cfg), setup.cost, cfg.backend.replicas,
                          cfg.backend.router, cfg.backend.horizon_s, cfg.backend.fast_forward, progress)
         with gc_paused():
-            return finish(cfg, setup, sim.run(), "sim", t0)
+            return finish(cfg, setup, sim.run(stop), "sim", t0)
 
 
-def replay_on_engine(cfg: DictConfig) -> RunResult:
-    """Replay the trace in real time on the engine (torch + transformers, paged KV)."""
+def replay_on_engine(cfg: DictConfig, stop: Callable[[], bool] | None = None) -> RunResult:
+    """Replay the trace in real time on the engine (torch + transformers, paged KV); `stop()`
+    turning true ends it early (interrupted) between steps."""
     from testbed.engine.setup import build_engine
 
     t0 = time.perf_counter()
@@ -193,16 +198,18 @@ def replay_on_engine(cfg: DictConfig) -> RunResult:
     engine = build_engine(cfg, spec)
     setup = prepare(cfg, model=engine.spec, device_blocks=engine.num_blocks)
     replay = engine.replay(setup.requests, setup.make_loop(cfg, engine.num_blocks), cfg.backend.horizon_s, cfg.seed)
-    result = finish(cfg, setup, replay.run(), "engine", t0)
+    log.info("engine ready on %s (%d KV blocks): replaying %d requests on the wall clock",
+             engine.device_name, engine.num_blocks, len(setup.requests))
+    result = finish(cfg, setup, replay.run(stop), "engine", t0)
     result.summary.update(device=engine.device_name, dtype=str(engine.dtype).removeprefix("torch."))
     return result
 
 
-def run(cfg: DictConfig) -> RunResult:
+def run(cfg: DictConfig, stop: Callable[[], bool] | None = None) -> RunResult:
     if cfg.backend.name == "sim":
-        return simulate(cfg)
+        return simulate(cfg, stop)
     if cfg.backend.name == "engine":
-        return replay_on_engine(cfg)
+        return replay_on_engine(cfg, stop)
     raise ValueError(f"backend.name={cfg.backend.name!r}: expected sim or engine")
 
 
@@ -211,7 +218,7 @@ def progress_bar(cfg: DictConfig, requests: list[Request]):
     """A tqdm bar over the trace's arrivals (simulated seconds), or None when it would be noise."""
     show = cfg.output.progress
     if show is None:
-        show = sys.stderr.isatty() and not os.environ.get("CI") and not _in_multirun()
+        show = sys.stderr.isatty() and not os.environ.get("CI") and not in_multirun()
     if not show or not requests:
         yield None
         return
@@ -228,7 +235,8 @@ def progress_bar(cfg: DictConfig, requests: list[Request]):
         yield update
 
 
-def _in_multirun() -> bool:
+def in_multirun() -> bool:
+    """Whether this is a job of a Hydra multirun (a sweep)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 

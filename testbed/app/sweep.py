@@ -1,43 +1,61 @@
-"""One table for a whole multirun, written by a Hydra callback when the sweep ends.
+"""One table for a whole multirun, with every job's status, however the sweep ends.
 
-Each job writes its own `summary.json`, so a failed job loses nothing but itself; the
-callback gathers whatever jobs finished, with the overrides that made each one, into
+Each job writes its own results, so a failed job loses nothing but itself. The callback
+records, in each job's folder, why a job failed (`failed.json`: the exception, or the signal
+that killed its process; see `app/isolated.py`), and gathers every job folder, with the
+overrides that made it and its status (ok / failed: why / interrupted / stalled), into
 `sweep_summary.csv` (and `.parquet`) at the sweep's root, and prints the headline columns.
+
+Hydra calls `on_multirun_end` only when every job succeeded: when one failed, its sweeper
+raises after the batch has run (and exits 1). So the table is also written when the process
+exits, if it has not been written by then: after a failed job, or a Ctrl-C of the sweep.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 from pathlib import Path
 
 import pandas as pd
 import yaml
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from testbed.app.results import FAILED, RunNotComplete, record_failure, run_status
+
 log = logging.getLogger(__name__)
 
-HEADLINE = ["policy", "trace", "rate_scale", "max_rate_scale", "max_request_rate", "offered_request_rate", "completed", "rejected", "unfinished", "request_throughput",
+HEADLINE = ["policy", "trace", "rate_scale", "status", "max_rate_scale", "max_request_rate", "offered_request_rate",
+            "completed", "rejected", "unfinished", "request_throughput",
             "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
             "p99_itl_ms", "p99_e2el_ms", "num_preemptions", "request_goodput", "slo_attainment"]
+_JOB_FILES = ("summary.json", "capacity.json", FAILED, ".hydra")  # .hydra: Hydra started the job
 
 
 def collect(sweep_dir: str | Path) -> pd.DataFrame:
-    """Every finished job's summary under `sweep_dir`, one row each, with its overrides."""
+    """Every job folder under `sweep_dir`, one row each: its status, overrides and summary."""
+    root = Path(sweep_dir)
+    jobs = sorted(d for d in root.iterdir() if d.is_dir() and any((d / f).exists() for f in _JOB_FILES)) \
+        if root.is_dir() else []
     rows = []
-    jobs = {p.parent: p for p in Path(sweep_dir).glob("*/capacity.json")}  # testbed-capacity jobs
-    jobs.update({p.parent: p for p in Path(sweep_dir).glob("*/summary.json")})
-    for path in sorted(jobs.values()):
-        summary = json.loads(path.read_text())
-        row = {"job": path.parent.name}
-        overrides = path.parent / ".hydra" / "overrides.yaml"
+    for job in jobs:
+        status = run_status(job)
+        if status is None:
+            status = "ok" if (job / "capacity.json").exists() else "failed: no results (its process ended early)"
+        row = {"job": job.name, "status": status}
+        overrides = job / ".hydra" / "overrides.yaml"
         if overrides.exists():
             row["overrides"] = " ".join(yaml.safe_load(overrides.read_text()) or [])
-        config = path.parent / "config.yaml"
-        if config.exists():
-            cfg = yaml.safe_load(config.read_text())
-            row["rate_scale"] = cfg.get("trace", {}).get("rate_scale")
-        row.update({k: v for k, v in summary.items() if not isinstance(v, (dict, list))})
+        config = job / "config.yaml" if (job / "config.yaml").exists() else job / ".hydra" / "config.yaml"
+        if config.exists():  # what a job that failed before writing a summary was
+            cfg = yaml.safe_load(config.read_text()) or {}
+            row.update(policy=cfg.get("policy", {}).get("name"), trace=cfg.get("trace", {}).get("name"),
+                       rate_scale=cfg.get("trace", {}).get("rate_scale"))
+        summary = job / "capacity.json" if (job / "capacity.json").exists() else job / "summary.json"
+        if summary.exists():
+            row.update({k: v for k, v in json.loads(summary.read_text()).items() if not isinstance(v, (dict, list))})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -45,7 +63,7 @@ def collect(sweep_dir: str | Path) -> pd.DataFrame:
 def write_sweep_table(sweep_dir: str | Path) -> pd.DataFrame:
     df = collect(sweep_dir)
     if df.empty:
-        log.warning("no job under %s wrote a summary.json", sweep_dir)
+        log.warning("no job under %s left a folder", sweep_dir)
         return df
     df = df.sort_values([c for c in ("policy", "trace", "rate_scale", "job") if c in df.columns], kind="stable")
     df.to_csv(Path(sweep_dir) / "sweep_summary.csv", index=False)
@@ -59,9 +77,32 @@ def format_sweep(df: pd.DataFrame) -> str:
 
 
 class MergeSweepTable(Callback):
+    def __init__(self) -> None:
+        self._pending: Path | None = None  # the sweep whose table is still to be written
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._pending = Path(config.hydra.sweep.dir)
+        atexit.register(self._write_table)  # the sweep ended early: a job failed, or Ctrl-C
+
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
+        self._pending = Path(config.hydra.sweep.dir)
+        self._write_table()
+
+    def _write_table(self) -> None:
+        sweep_dir, self._pending = self._pending, None
+        if sweep_dir is None:
+            return
         df = write_sweep_table(sweep_dir)
-        if not df.empty:
-            print(f"\nsweep: {len(df)} jobs -> {sweep_dir / 'sweep_summary.csv'}")
-            print(format_sweep(df))
+        if df.empty:
+            return
+        bad = df[df.status != "ok"]
+        print(f"\nsweep: {len(df)} jobs" + (f", {len(bad)} not ok" if len(bad) else "") +
+              f" -> {sweep_dir / 'sweep_summary.csv'}")
+        print(format_sweep(df))
+        for _, row in bad.iterrows():
+            print(f"job {row.job} ({row.get('overrides', '')}): {row.status}")
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
+        error = job_return._return_value  # `return_value` re-raises a failed job's exception
+        if job_return.status == JobStatus.FAILED and not isinstance(error, RunNotComplete):
+            record_failure(config.output.dir, f"{type(error).__name__}: {error}")

@@ -88,6 +88,7 @@ class StepLoop:
         self.view = SchedulerView(self)
         self._is_steady = getattr(policy, "is_steady", None)
         self._pending_swaps: tuple[list | None, int] = (None, 0)  # (swap-outs, blocks moved) not yet run
+        self._preempted = 0  # preemptions of preempt-only plans not yet run, counted in the step that runs
         self._on_arrival = getattr(policy, "on_arrival", None)
         self._on_finish = getattr(policy, "on_finish", None)
 
@@ -136,6 +137,7 @@ class StepLoop:
         # the engine copies the blocks out then, and a swap-in needs that copy)
         swap_out, swap_blocks = self._pending_swaps
         self._pending_swaps = (None, 0)
+        preempted, self._preempted = self._preempted, 0
         while True:
             plan = self.policy.schedule(view)
             if not isinstance(plan, Plan):
@@ -144,10 +146,12 @@ class StepLoop:
             shape = BatchShape()
             shape.swap_blocks = swap_blocks
             swap_out, swap_in, admitted = self._apply(plan, shape, now, swap_out)
+            preempted += len(plan.preempt)
             if plan.items:
                 break
             if not plan.preempt:
                 self._pending_swaps = (swap_out, shape.swap_blocks)
+                self._preempted = preempted
                 return None
             # The preemptions changed what the policy sees: ask again now rather than wait
             # for an arrival. Each round preempts at least one running request, so this
@@ -162,7 +166,7 @@ class StepLoop:
         series.running.append(len(self.running))
         series.waiting.append(len(self.waiting))
         series.kv_used_blocks.append(self.kv.num_used_blocks)
-        series.preemptions.append(len(plan.preempt))
+        series.preemptions.append(preempted)
         series.steps.append(1)
         self._steady = admitted == 0 and not plan.preempt
         return Batch(plan.items, shape, now, None, swap_out, swap_in)
@@ -417,6 +421,7 @@ class StepLoop:
         self.waiting = []
         self.running = []
         self._pending_swaps = (None, 0)
+        self._preempted = 0
 
 
 @dataclass

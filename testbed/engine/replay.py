@@ -4,8 +4,10 @@ Arrivals are delivered when the wall clock passes their trace time; the loop nev
 sleeps while work is waiting; a token's time is taken once its id is on the host (the
 runner returns Python ints, which synchronises the device). Everything else (policy,
 validation, KV accounting, metrics) is the shared step loop's, so a real run produces
-the same files as a simulated one. Ctrl-C ends the replay cleanly: finished requests
-keep their results, the rest are marked unfinished.
+the same files as a simulated one. A stop ends the replay cleanly: finished requests keep
+their results, the rest are marked unfinished. It comes from `run(stop)` (checked between
+steps and, sliced, while waiting for an arrival; the app raises it on SIGINT and SIGTERM)
+or from a KeyboardInterrupt.
 """
 from __future__ import annotations
 
@@ -40,13 +42,16 @@ class EngineReplay:
         self.step_records: list[tuple[BatchShape, float, float]] = []
         self.generated: dict[int, list[int]] = {}  # output token ids of every finished request
 
-    def run(self) -> ReplayOutcome:
+    def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
         loop, reqs = self.loop, self.requests
         delivered = 0
         stalled = interrupted = False
         t0 = self.clock()
         try:
             while True:
+                if stop is not None and stop():
+                    interrupted = True
+                    break
                 now = self.clock() - t0
                 while delivered < len(reqs) and reqs[delivered].arrival <= now and reqs[delivered].arrival < self.horizon:
                     self._arrive(reqs[delivered], now)
@@ -62,7 +67,13 @@ class EngineReplay:
                         stalled = True
                         loop.abandon(f"stalled: policy {loop.policy_name!r} scheduled nothing and no arrivals were left")
                     break
-                self.sleep(max(0.0, min(reqs[delivered].arrival, self.horizon) - (self.clock() - t0)))
+                wait = max(0.0, min(reqs[delivered].arrival, self.horizon) - (self.clock() - t0))
+                if stop is None:
+                    self.sleep(wait)
+                else:  # a signal does not cut a sleep short: look every 0.1 s
+                    while wait > 0 and not stop():
+                        self.sleep(min(wait, 0.1))
+                        wait = min(reqs[delivered].arrival, self.horizon) - (self.clock() - t0)
         except KeyboardInterrupt:
             interrupted = True
         end = self.clock() - t0

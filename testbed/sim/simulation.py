@@ -4,6 +4,10 @@ An arrival process hands each trace request to a replica at its arrival time; on
 server process per replica repeats plan -> `yield env.timeout(step_time)` -> complete.
 The simulator contributes only the clock and the cost model's step time: one SimPy event
 per engine step (and one per arrival), never one per token.
+
+`run(stop)` ends early, cleanly, once `stop()` turns true (a signal raised it): the
+processes look at it only between steps and before an arrival, so every request's state is
+consistent; finished requests keep their results and the rest are marked interrupted.
 """
 from __future__ import annotations
 
@@ -18,6 +22,10 @@ from testbed.core.loop import ReplayOutcome, StepLoop
 from testbed.core.request import Request
 
 ROUTERS = ("round_robin", "least_loaded")
+
+
+class _Stopped(Exception):
+    """Raised inside a process at a safe point when a stop was asked for; ends env.run()."""
 
 
 @contextmanager
@@ -58,18 +66,25 @@ class Simulation:
         self._delivered = 0
         self._arrivals_done = False
         self.stalled = False
+        self._stop: Callable[[], bool] = _never
 
-    def run(self) -> ReplayOutcome:
+    def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
         env = self.env
+        self._stop = stop or _never
         env.process(self._arrivals())
         for i in range(len(self.loops)):
             env.process(self._server(i))
+        interrupted = False
         with gc_paused():
-            env.run(until=self.horizon_s)
+            try:
+                env.run(until=self.horizon_s)
+            except _Stopped:
+                interrupted = True
+        reason = "interrupted" if interrupted else "stalled" if self.stalled else "unfinished at the horizon"
         for loop in self.loops:
             if loop.has_work:
-                loop.abandon("unfinished at the horizon" if not self.stalled else "stalled")
-        return ReplayOutcome(self.loops, list(self.requests[self._delivered:]), env.now, self.stalled)
+                loop.abandon(reason)
+        return ReplayOutcome(self.loops, list(self.requests[self._delivered:]), env.now, self.stalled, interrupted)
 
     # --- processes ----------------------------------------------------------------------
     def _arrivals(self):
@@ -77,6 +92,8 @@ class Simulation:
         for req in self.requests:
             if req.arrival > env.now:
                 yield env.timeout(req.arrival - env.now)
+            if self._stop():
+                raise _Stopped
             i = self._route()
             self.loops[i].arrive(req, env.now)
             self._delivered += 1
@@ -90,6 +107,8 @@ class Simulation:
     def _server(self, i: int):
         env, loop, step_time = self.env, self.loops[i], self.cost_model.step_time
         while True:
+            if self._stop():
+                raise _Stopped
             batch = loop.plan(env.now) if loop.has_work else None
             if batch is None:
                 if self._arrivals_done:
@@ -127,3 +146,7 @@ class Simulation:
             self._next = (i + 1) % len(self.loops)
             return i
         return min(range(len(self.loops)), key=lambda j: (len(self.loops[j].live), j))
+
+
+def _never() -> bool:
+    return False
