@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.app.config import register_configs
+from testbed.app.validate import check_config
 
 CONF_DIR = Path(str(resources.files("testbed") / "conf"))
 log = logging.getLogger("testbed")
@@ -29,6 +30,7 @@ def main(cfg: DictConfig) -> dict:
     from testbed.app.results import format_table, write_results
     from testbed.app.run import run, run_info
 
+    check_config(cfg)
     done = _finished_before(cfg)
     if done is not None:
         print(f"skipped: {cfg.output.dir} already holds the results of this exact config")
@@ -83,6 +85,7 @@ def capacity(cfg: DictConfig) -> dict:
     from testbed.app.capacity import bisect_max_scale
     from testbed.app.run import simulate
 
+    check_config(cfg)
     c = cfg.capacity
 
     def attainment(scale: float) -> float:
