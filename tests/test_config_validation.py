@@ -60,3 +60,87 @@ def test_every_entry_point_refuses_an_unknown_key(fn, tmp_path, monkeypatch, cap
     code, err = entry_point(fn, ["+kv.numblocks=5", "trace.max_requests=5"], tmp_path, monkeypatch, capsys)
     assert code == 1 and "kv.numblocks: unknown key (did you mean kv.num_blocks?)" in err
     assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob("*.csv"))  # refused before any work
+
+
+# --- ranges -------------------------------------------------------------------------------------
+def numeric_keys() -> list[tuple[str, str, object]]:
+    """(policy config to compose with, dotted key, a value outside the key's declared range) for
+    every numeric key of every schema, each policy's knobs included. A key that declares no
+    range gets the value None, and its test fails: every numeric key must declare one."""
+    import dataclasses
+    import typing
+
+    from testbed.app.config import TestbedConfig
+    from testbed.app.plugins import load_policies
+    from testbed.app.validate import field_types
+    from testbed.core.bounds import bounds_of
+
+    def walk(schema, prefix, policy):
+        for f in dataclasses.fields(schema):
+            t = field_types(schema)[f.name]
+            if dataclasses.is_dataclass(t):
+                yield from walk(t, f"{prefix}{f.name}.", policy)
+            elif t is typing.Any:
+                for name, cls in sorted(load_policies().items()):
+                    yield from walk(cls.Knobs, f"{prefix}{f.name}.", name)
+            else:
+                item = typing.get_args(t)[0] if typing.get_origin(t) is list else t
+                if item in (int, float):
+                    iv = bounds_of(f)
+                    bad = None if iv is None else next(
+                        v for v in (None if iv.ge is None else iv.ge - 1, iv.gt, None if iv.le is None else iv.le + 1,
+                                    iv.lt) if v is not None)
+                    yield policy, f"{prefix}{f.name}", [bad] if item is not t and bad is not None else bad
+
+    return list(walk(TestbedConfig, "", "vllm"))
+
+
+_composed: dict[str, object] = {}
+
+
+@pytest.mark.parametrize("policy, key, bad", numeric_keys(), ids=lambda x: x if isinstance(x, str) else None)
+def test_every_numeric_key_is_range_checked_naming_it(policy, key, bad):
+    from omegaconf import OmegaConf
+
+    assert bad is not None, f"{key} declares no range: give its field bounded(default, ge=..., ...)"
+    if policy not in _composed:
+        _composed[policy] = config(f"policy={policy}")
+    cfg = _composed[policy].copy()
+    OmegaConf.update(cfg, key, bad)
+    with pytest.raises(ConfigError) as e:
+        check_config(cfg)
+    assert f"{key}=" in str(e.value) and "must be" in str(e.value)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("policy.max_batch_size=-1", "policy.max_batch_size=-1: must be >= 0"),
+    ("scheduler.max_model_len=0", "scheduler.max_model_len=0: must be >= 1 (or null)"),
+    ("kv.activation_reserve_gb=-100", "kv.activation_reserve_gb=-100.0: must be >= 0"),
+    ("kv.swap_space_gb=-1", "kv.swap_space_gb=-1.0: must be >= 0"),
+    ("seed=-1", "seed=-1: must be >= 0"),
+    ("model.num_layers=0", "model.num_layers=0: must be >= 1"),
+    ("model.hidden_size=-64", "model.hidden_size=-64: must be >= 1"),
+])
+def test_the_reported_nonsense_values_are_refused_at_start(override, words, tmp_path, monkeypatch, capsys):
+    code, err = entry_point(cli.main, ["policy=orca", override, "trace.max_requests=5"], tmp_path, monkeypatch, capsys)
+    assert code == 1 and words in err
+
+
+def test_null_stays_allowed_where_it_means_auto():
+    check_config(config("scheduler.max_model_len=null", "kv.num_blocks=null", "trace.max_requests=null",
+                        "slo.ttft_ms=null", "policy=edf", "policy.ttft_ms=null"))
+
+
+def test_every_shipped_config_passes():
+    """The bounds refuse nothing the shipped config groups hold."""
+    options = {group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+               for group in ("policy", "model", "hardware", "slo", "trace", "backend", "cost_model", "experiment")}
+    for i in range(max(map(len, options.values()))):  # every option of every group, several groups at a time
+        check_config(config(*(f"{'+' * (g == 'experiment')}{g}={o[i % len(o)]}" for g, o in options.items())))
+
+
+def test_a_policy_built_in_code_checks_its_knobs_too():
+    from testbed.policies import make_policy
+
+    with pytest.raises(ValueError, match=r"policy.max_batch_size=-1: must be >= 0"):
+        make_policy("orca", max_batch_size=-1)

@@ -7,7 +7,10 @@ entry point (`testbed-sim`, `testbed-capacity`, `testbed-profile`, `testbed-fide
 `check_config` on the composed config: each node is compared with its dataclass
 (`TestbedConfig` and the group schemas; the policy node with its registered policy's
 `Knobs`), and every problem is reported at once, naming the key and the closest valid one.
-Only fields typed as a mapping (`trace.columns`) are open to new keys.
+Only fields typed as a mapping (`trace.columns`) are open to new keys. The same walk
+range-checks every numeric value against the bounds its field declares
+(`testbed.core.bounds`), so `policy.max_batch_size=-1` or `kv.swap_space_gb=-1` fail here,
+naming the key and the rule, rather than stalling a run or failing deep inside it.
 """
 from __future__ import annotations
 
@@ -18,10 +21,11 @@ import typing
 from functools import cache
 from typing import Any, Iterator, Union
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from testbed.app.config import TestbedConfig
 from testbed.app.plugins import load_policies
+from testbed.core.bounds import bounds_of, range_problem
 
 
 class ConfigError(ValueError):
@@ -29,8 +33,10 @@ class ConfigError(ValueError):
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Raise ConfigError listing every key of `cfg` that its schema does not declare."""
-    problems = [p for path, node, schema in schema_nodes(cfg) for p in unknown_keys(path, node, schema)]
+    """Raise ConfigError listing every key of `cfg` that its schema does not declare and every
+    numeric value outside the range its field declares (`testbed.core.bounds`)."""
+    problems = [p for path, node, schema in schema_nodes(cfg)
+                for p in unknown_keys(path, node, schema) + out_of_range(path, node, schema)]
     if problems:
         raise ConfigError(f"config: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
 
@@ -60,6 +66,17 @@ def unknown_keys(path: str, node: DictConfig, schema: type | None) -> list[str]:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f"did you mean {path}{close[0]}?" if close else f"the keys here: {', '.join(known)}"
             out.append(f"{path}{key}: unknown key ({hint})")
+    return out
+
+
+def out_of_range(path: str, node: DictConfig, schema: type | None) -> list[str]:
+    out = []
+    for f in dataclasses.fields(schema) if schema is not None else ():
+        if bounds_of(f) is not None and f.name in node and not OmegaConf.is_missing(node, f.name):
+            value = node[f.name]
+            value = OmegaConf.to_container(value, resolve=True) if isinstance(value, ListConfig) else value
+            if problem := range_problem(f"{path}{f.name}", value, bounds_of(f)):
+                out.append(problem + (" (or null)" if f.default is None else ""))
     return out
 
 

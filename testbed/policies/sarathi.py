@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.policies._passes import StepBudget, admit, run_running
+from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
 
@@ -24,11 +25,7 @@ from testbed.core.policy import BasePolicy, PolicyKnobs, register
 @dataclass
 class SarathiKnobs(PolicyKnobs):
     name: str = "sarathi"
-    token_budget: int = 512  # tau: tokens per step (decodes + prefill chunks)
-
-    def __post_init__(self):
-        if self.token_budget < 1:
-            raise ValueError(f"policy.token_budget={self.token_budget}: must be >= 1")
+    token_budget: int = bounded(512, ge=1)  # tau: tokens per step (decodes + prefill chunks)
 
 
 @register
