@@ -144,3 +144,40 @@ def test_a_policy_built_in_code_checks_its_knobs_too():
 
     with pytest.raises(ValueError, match=r"policy.max_batch_size=-1: must be >= 0"):
         make_policy("orca", max_batch_size=-1)
+
+
+# --- keys the engine would ignore ---------------------------------------------------------------
+def sim_only_settings() -> list[tuple[str, object]]:
+    """(key, a value other than its default) for every backend key marked simulator-only."""
+    import dataclasses
+
+    from testbed.app.config import BackendConfig
+
+    other = {int: 4, str: "least_loaded", bool: False}
+    return [(f"backend.{f.name}", other[type(f.default)] if f.default is not False else True)
+            for f in dataclasses.fields(BackendConfig) if "sim_only" in f.metadata]
+
+
+def test_the_simulator_only_keys_are_the_known_three():
+    assert [k for k, _ in sim_only_settings()] == ["backend.replicas", "backend.router", "backend.fast_forward"]
+
+
+@pytest.mark.parametrize("key, value", sim_only_settings())
+def test_a_simulator_only_key_is_refused_on_the_engine_only(key, value):
+    from omegaconf import OmegaConf
+
+    check_config(config(f"{key}={value}"))  # the simulator reads it
+    cfg = config("backend=engine", "model=tiny_llama")
+    OmegaConf.update(cfg, key, value)
+    with pytest.raises(ConfigError, match=rf"{key}=.*: the simulator's only .* backend=engine would ignore it"):
+        check_config(cfg)
+
+
+@pytest.mark.parametrize("fn, args", [
+    (cli.main, ["backend=engine", "model=tiny_llama", "backend.device=cpu"]),
+    (profile.main, ["model=tiny_llama", "backend.device=cpu"]),  # they run the engine whatever backend.name says
+    (fidelity.main, ["model=tiny_llama", "backend.device=cpu"]),
+], ids=["testbed-sim", "testbed-profile", "testbed-fidelity"])
+def test_backend_replicas_is_refused_by_every_engine_entry_point(fn, args, tmp_path, monkeypatch, capsys):
+    code, err = entry_point(fn, [*args, "backend.replicas=4", "trace.max_requests=5"], tmp_path, monkeypatch, capsys)
+    assert code == 1 and "backend.replicas=4: the simulator's only (the engine serves one replica)" in err

@@ -78,11 +78,16 @@ class CostModelConfig:
 
 @dataclass
 class BackendConfig:
+    """Which backend replays the trace. Keys marked `sim_only` (with the reason) mean nothing to the
+    engine, which serves one replica on one device and runs every step: backend=engine refuses
+    them at any value but their default rather than ignore them (`testbed.app.validate`)."""
+
     name: str = "sim"
-    replicas: int = bounded(1, ge=1)
-    router: str = "round_robin"
+    replicas: int = bounded(1, ge=1, sim_only="the engine serves one replica")
+    router: str = field(default="round_robin", metadata={"sim_only": "the engine serves one replica: nothing is routed"})
     horizon_s: Optional[float] = bounded(None, gt=0)
-    fast_forward: bool = True  # merge steady decode steps into one event (exact; see StepLoop.extend_decode_run)
+    # merge steady decode steps into one event (exact; see StepLoop.extend_decode_run)
+    fast_forward: bool = field(default=True, metadata={"sim_only": "the engine runs every step on the wall clock"})
     # backend=engine only
     device: str = "auto"  # auto (cuda when available), cuda, cuda:N or cpu
     dtype: Optional[str] = None  # null: the model's dtype

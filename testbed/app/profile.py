@@ -121,7 +121,7 @@ def run_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
 def main(cfg: DictConfig) -> str:
     from testbed.sim.fitted_cost import ProfileCostModel, read_profile
 
-    check_config(cfg)
+    check_config(cfg, backend="engine")  # it profiles the engine, whatever backend.name says
     path = run_profile(cfg)
     header, _ = read_profile(path)
     print(f"profile: {path}  ({header.get('points')} points in {header.get('wall_s')} s, "

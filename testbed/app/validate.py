@@ -23,7 +23,7 @@ from typing import Any, Iterator, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from testbed.app.config import TestbedConfig
+from testbed.app.config import BackendConfig, TestbedConfig
 from testbed.app.plugins import load_policies
 from testbed.core.bounds import bounds_of, range_problem
 
@@ -32,11 +32,14 @@ class ConfigError(ValueError):
     """The config names keys or values that cannot run; the message lists each one."""
 
 
-def check_config(cfg: DictConfig) -> None:
-    """Raise ConfigError listing every key of `cfg` that its schema does not declare and every
-    numeric value outside the range its field declares (`testbed.core.bounds`)."""
+def check_config(cfg: DictConfig, backend: str | None = None) -> None:
+    """Raise ConfigError listing every key of `cfg` that its schema does not declare, every
+    numeric value outside the range its field declares (`testbed.core.bounds`), and, when the
+    run uses the engine (`backend`, else `cfg.backend.name`), every simulator-only key set."""
     problems = [p for path, node, schema in schema_nodes(cfg)
                 for p in unknown_keys(path, node, schema) + out_of_range(path, node, schema)]
+    if (backend or cfg.backend.get("name")) == "engine":
+        problems += sim_only_keys_set(cfg)
     if problems:
         raise ConfigError(f"config: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
 
@@ -78,6 +81,19 @@ def out_of_range(path: str, node: DictConfig, schema: type | None) -> list[str]:
             if problem := range_problem(f"{path}{f.name}", value, bounds_of(f)):
                 out.append(problem + (" (or null)" if f.default is None else ""))
     return out
+
+
+def sim_only_keys_set(cfg: DictConfig) -> list[str]:
+    """The backend keys that only the simulator reads, set to anything but their default."""
+    return [f"backend.{f.name}={_as_override(cfg.backend[f.name])}: the simulator's only ({f.metadata['sim_only']}); "
+            f"backend=engine would ignore it: leave it at {_as_override(f.default)}"
+            for f in dataclasses.fields(BackendConfig)
+            if "sim_only" in f.metadata and cfg.backend.get(f.name, f.default) != f.default]
+
+
+def _as_override(value: Any) -> str:
+    """A value as the command line writes it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @cache
