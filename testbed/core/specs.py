@@ -33,7 +33,9 @@ class ModelSpec:
     family: str = "llama"  # llama, qwen2 or mistral
     rope_theta: float = bounded(500000.0, gt=0)
     checkpoint: Optional[str] = None  # a local checkpoint folder; nothing is ever downloaded
-    random_weights: bool = True  # build from these shapes with random weights (timings depend on shapes only)
+    # true: random weights (timings depend on shapes only), with these shapes, or the checkpoint's
+    # config.json when one is given; false: the checkpoint's safetensors weights
+    random_weights: bool = True
 
     @property
     def dtype_bytes(self) -> int:

@@ -7,13 +7,13 @@ in an out-of-memory error.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from omegaconf import DictConfig
 
 from testbed.engine.kv_cache import PagedKVCache
-from testbed.engine.models import build_model, model_spec_of
+from testbed.engine.models import build_model, checkpoint_folder, model_spec_of
 from testbed.engine.prompts import PromptTokens
 from testbed.engine.replay import EngineReplay
 from testbed.engine.runner import ModelRunner
@@ -73,8 +73,9 @@ def decode_graph_pool_bytes(spec: ModelSpec, dtype: torch.dtype, max_batch: int,
 def build_engine(cfg: DictConfig, spec: ModelSpec) -> Engine:
     device = resolve_device(cfg.backend.device)
     dtype_name = cfg.backend.dtype or spec.dtype
-    if spec.checkpoint:
-        spec = ModelSpec.from_hf_config(spec.checkpoint, name=spec.name, dtype=dtype_name)
+    if spec.checkpoint:  # its shapes (for the fit check), keeping where the weights come from
+        spec = replace(ModelSpec.from_hf_config(checkpoint_folder(spec.checkpoint), name=spec.name, dtype=dtype_name),
+                       checkpoint=spec.checkpoint, random_weights=spec.random_weights)
     weights = spec.num_params * DTYPE_BYTES[dtype_name]
     usable = free_memory(device) * cfg.kv.memory_utilization
     if weights > usable:
@@ -83,7 +84,8 @@ def build_engine(cfg: DictConfig, spec: ModelSpec) -> Engine:
                          f"{cfg.kv.memory_utilization})")
     model = build_model(spec, dtype_name, device, seed=cfg.seed)
     if spec.checkpoint:
-        spec = model_spec_of(model.config, name=spec.name, dtype=dtype_name)
+        spec = replace(model_spec_of(model.config, name=spec.name, dtype=dtype_name),
+                       checkpoint=spec.checkpoint, random_weights=spec.random_weights)
     dtype = next(model.parameters()).dtype
     block_size = cfg.kv.block_size
     block_bytes = PagedKVCache.block_bytes(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, dtype)
