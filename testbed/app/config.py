@@ -68,6 +68,9 @@ class KVConfig:
     num_blocks: Optional[int] = bounded(None, ge=1)  # set to override the capacity derived from memory
     enable_prefix_caching: bool = True
     swap_space_gb: float = bounded(0.0, ge=0)  # host memory for swap preemption
+    # backend=engine on a CPU, kv.num_blocks null: the most host memory the KV cache takes (as vLLM's
+    # VLLM_CPU_KVCACHE_SPACE); null: what kv.memory_utilization leaves. Never more than max_num_seqs can fill.
+    cpu_kv_cache_gb: Optional[float] = bounded(4.0, gt=0)
 
 
 @dataclass

@@ -79,7 +79,7 @@ def out_of_range(path: str, node: DictConfig, schema: type | None) -> list[str]:
             value = node[f.name]
             value = OmegaConf.to_container(value, resolve=True) if isinstance(value, ListConfig) else value
             if problem := range_problem(f"{path}{f.name}", value, bounds_of(f)):
-                out.append(problem + (" (or null)" if f.default is None else ""))
+                out.append(problem + (" (or null)" if f.name in nullable_fields(schema) else ""))
     return out
 
 
@@ -101,6 +101,12 @@ def field_types(schema: type) -> dict[str, Any]:
     """Each field's type with Optional[...] unwrapped (a mapping type stays: an open map)."""
     hints = typing.get_type_hints(schema)
     return {f.name: _unwrap(hints[f.name]) for f in dataclasses.fields(schema)}
+
+
+@cache
+def nullable_fields(schema: type) -> set[str]:
+    hints = typing.get_type_hints(schema)
+    return {f.name for f in dataclasses.fields(schema) if type(None) in typing.get_args(hints[f.name])}
 
 
 def _unwrap(t: Any) -> Any:
