@@ -127,3 +127,95 @@ def test_engine_bench_runs_on_cpu(tmp_path, monkeypatch):
     bench.main()
     text = out.read_text()
     assert "decode step, batch 8" in text and "prefill 256 tokens" in text and "16 x (64 in, 16 out)" in text
+
+
+def tiny_checkpoint(folder, seed=1):
+    """A tiny random Llama saved as a local checkpoint (safetensors), as a user's would be."""
+    from transformers import AutoModelForCausalLM
+
+    from testbed.engine.models import make_config
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(make_config("tiny_llama", num_hidden_layers=3), dtype=torch.float32)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def engine_of(*overrides):
+    from testbed.app.run import _obj
+    from testbed.core.specs import ModelSpec
+    from testbed.engine.setup import build_engine
+
+    cfg = config(*TINY, *overrides)
+    return build_engine(cfg, _obj(cfg.model, ModelSpec))
+
+
+def test_a_checkpoint_with_random_weights_false_serves_the_files_weights(tmp_path):
+    from safetensors.torch import load_file
+
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    engine = engine_of("kv.num_blocks=32", f"model.checkpoint={ckpt}", "model.random_weights=false")
+    saved = load_file(ckpt / "model.safetensors")
+    served = engine.runner.model.state_dict()
+    assert saved and set(saved) <= set(served)
+    assert all(torch.equal(served[k], saved[k]) for k in saved)
+    assert engine.spec.num_layers == 3 and engine.spec.checkpoint == str(ckpt) and not engine.spec.random_weights
+
+
+def test_a_checkpoint_with_random_weights_true_takes_only_its_shapes(tmp_path):
+    from safetensors.torch import load_file
+
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    engine = engine_of("kv.num_blocks=32", f"model.checkpoint={ckpt}", "model.random_weights=true")
+    saved = load_file(ckpt / "model.safetensors")
+    served = engine.runner.model.state_dict()
+    assert engine.spec.num_layers == 3 and engine.spec.random_weights  # its shapes, seeded random weights
+    assert {k: v.shape for k, v in served.items() if k in saved} == {k: v.shape for k, v in saved.items()}
+    assert not torch.equal(served["model.embed_tokens.weight"], saved["model.embed_tokens.weight"])
+
+
+def test_a_checkpoint_of_pickled_weights_only_is_refused(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from testbed.engine.models import make_config
+
+    ckpt = tmp_path / "ckpt"
+    model = AutoModelForCausalLM.from_config(make_config("tiny_llama"), dtype=torch.float32)
+    model.config.save_pretrained(ckpt)
+    torch.save(model.state_dict(), ckpt / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"model.checkpoint=.*ckpt: no safetensors weights .*pytorch_model.bin"):
+        engine_of("kv.num_blocks=32", f"model.checkpoint={ckpt}", "model.random_weights=false")
+
+
+def test_a_checkpoint_folder_without_config_json_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"model.checkpoint=.*nowhere: no config.json there"):
+        engine_of("kv.num_blocks=32", f"model.checkpoint={tmp_path / 'nowhere'}", "model.random_weights=false")
+
+
+def test_the_cpu_kv_cache_takes_no_more_than_it_is_allowed_and_says_so(caplog):
+    """A large max_num_seqs and no kv.num_blocks used to take 90% of the host's free memory."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="testbed.engine"):
+        engine = engine_of("scheduler.max_num_seqs=1000000", "kv.cpu_kv_cache_gb=0.01")
+    cache = engine.runner.kv_cache
+    block = cache.data[:, :, 0].nbytes
+    assert engine.num_blocks == int(0.01e9 // block) and cache.data.nbytes <= 0.01e9 + block
+    assert f"KV cache: {engine.num_blocks} blocks of 16 tokens" in caplog.text and "kv.cpu_kv_cache_gb=0.01" in caplog.text
+
+
+@pytest.mark.parametrize("overrides, device, blocks, why", [
+    ([], "cpu", 4e9 // 8192, "kv.cpu_kv_cache_gb=4.0"),  # the default bound
+    (["scheduler.max_num_seqs=8", "scheduler.max_model_len=100"], "cpu", 8 * 7, "max_num_seqs 8 x max_model_len 100"),
+    (["kv.cpu_kv_cache_gb=null"], "cpu", 1e12 * 0.5 // 8192, "kv.memory_utilization"),
+    ([], "cuda", 1e12 * 0.5 // 8192, "kv.memory_utilization"),  # a GPU's memory is the run's own
+    (["kv.num_blocks=7"], "cpu", 7, "kv.num_blocks"),
+])
+def test_kv_cache_sizing(overrides, device, blocks, why):
+    from testbed.app.run import _obj
+    from testbed.core.specs import ModelSpec
+    from testbed.engine.setup import kv_cache_blocks
+
+    cfg = config(*TINY, "scheduler.max_num_seqs=1000000", *overrides)
+    got, reason = kv_cache_blocks(cfg, _obj(cfg.model, ModelSpec), torch.device(device), 1e12 * 0.5, 8192)
+    assert got == blocks and why in reason

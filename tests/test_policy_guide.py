@@ -6,6 +6,8 @@ import sys
 import types
 from pathlib import Path
 
+import pytest
+
 from conftest import FixedCost, make_loop, make_requests
 from testbed.policies import make_policy, registered
 from testbed.sim.simulation import Simulation
@@ -26,6 +28,8 @@ def test_readme_policy_runs():
         done = sorted(out.loops[0].states, key=lambda s: s.finish_time)
         assert [s.req.id for s in done] == [0, 1, 2]  # 0 runs alone first (max_batch=1), then shortest first
         assert all(s.status.value == "finished" for s in done)
+        with pytest.raises(ValueError, match=r"policy.max_batch=0: must be >= 1"):  # its knob's declared range
+            make_policy("shortest_prompt", max_batch=0)
     finally:
         import testbed.core.policy as P
         P._REGISTRY.pop("shortest_prompt", None)

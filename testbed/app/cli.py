@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from testbed.app.config import register_configs
 from testbed.app.stop import exit_code, signal_name, stop_on_signals
+from testbed.app.validate import check_config
 
 CONF_DIR = Path(str(resources.files("testbed") / "conf"))
 log = logging.getLogger("testbed")
@@ -28,6 +29,7 @@ register_configs()
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
+    check_config(cfg)
     done = _finished_before(cfg)
     if done is not None:
         print(f"skipped: {cfg.output.dir} already holds the results of this exact config")
@@ -123,6 +125,7 @@ def capacity(cfg: DictConfig) -> dict:
     from testbed.app.capacity import bisect_max_scale
     from testbed.app.run import simulate
 
+    check_config(cfg)
     c = cfg.capacity
 
     def attainment(scale: float) -> float:

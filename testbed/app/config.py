@@ -15,6 +15,7 @@ from omegaconf import MISSING
 
 from testbed.engine.profile_config import ProfileConfig
 from testbed.app.metrics import SLO
+from testbed.core.bounds import bounded
 from testbed.core.specs import HardwareSpec, ModelSpec
 
 
@@ -35,38 +36,41 @@ class TraceConfig:
     time_unit: str = "s"
     lenient: bool = False
     # generators
-    rate: float = 1.0
-    cv: float = 1.0
-    num_requests: Optional[int] = None
-    duration_s: Optional[float] = None
-    prompt_len: Optional[int] = None
-    output_len: Optional[int] = None
+    rate: float = bounded(1.0, gt=0)
+    cv: float = bounded(1.0, gt=0)
+    num_requests: Optional[int] = bounded(None, ge=1)
+    duration_s: Optional[float] = bounded(None, gt=0)
+    prompt_len: Optional[int] = bounded(None, ge=1)
+    output_len: Optional[int] = bounded(None, ge=1)
     lengths_from: Optional[str] = None
     lengths_format: str = "azure"
     # transforms, applied in this order: window, first N, rate scale, length caps
-    start_s: Optional[float] = None
-    end_s: Optional[float] = None
-    max_requests: Optional[int] = None
-    rate_scale: float = 1.0
-    max_prompt_len: Optional[int] = None
-    max_output_len: Optional[int] = None
+    start_s: Optional[float] = bounded(None, ge=0)
+    end_s: Optional[float] = bounded(None, ge=0)
+    max_requests: Optional[int] = bounded(None, ge=1)
+    rate_scale: float = bounded(1.0, gt=0)
+    max_prompt_len: Optional[int] = bounded(None, ge=1)
+    max_output_len: Optional[int] = bounded(None, ge=1)
 
 
 @dataclass
 class SchedulerConfig:
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
-    max_model_len: Optional[int] = None  # null: the model's context length
+    max_num_batched_tokens: int = bounded(8192, ge=1)
+    max_num_seqs: int = bounded(256, ge=1)
+    max_model_len: Optional[int] = bounded(None, ge=1)  # null: the model's context length
 
 
 @dataclass
 class KVConfig:
-    block_size: int = 16
-    memory_utilization: float = 0.9  # fraction of device memory for weights + KV, as vLLM's gpu_memory_utilization
-    activation_reserve_gb: float = 1.0  # left for activations (the engine's CUDA graphs reserve their own)
-    num_blocks: Optional[int] = None  # set to override the capacity derived from memory
+    block_size: int = bounded(16, ge=1)
+    memory_utilization: float = bounded(0.9, gt=0, le=1)  # fraction of device memory for weights + KV, as vLLM's gpu_memory_utilization
+    activation_reserve_gb: float = bounded(1.0, ge=0)  # left for activations (the engine's CUDA graphs reserve their own)
+    num_blocks: Optional[int] = bounded(None, ge=1)  # set to override the capacity derived from memory
     enable_prefix_caching: bool = True
-    swap_space_gb: float = 0.0  # host memory for swap preemption
+    swap_space_gb: float = bounded(0.0, ge=0)  # host memory for swap preemption
+    # backend=engine on a CPU, kv.num_blocks null: the most host memory the KV cache takes (as vLLM's
+    # VLLM_CPU_KVCACHE_SPACE); null: what kv.memory_utilization leaves. Never more than max_num_seqs can fill.
+    cpu_kv_cache_gb: Optional[float] = bounded(4.0, gt=0)
 
 
 @dataclass
@@ -77,16 +81,21 @@ class CostModelConfig:
 
 @dataclass
 class BackendConfig:
+    """Which backend replays the trace. Keys marked `sim_only` (with the reason) mean nothing to the
+    engine, which serves one replica on one device and runs every step: backend=engine refuses
+    them at any value but their default rather than ignore them (`testbed.app.validate`)."""
+
     name: str = "sim"
-    replicas: int = 1
-    router: str = "round_robin"
-    horizon_s: Optional[float] = None
-    fast_forward: bool = True  # merge steady decode steps into one event (exact; see StepLoop.extend_decode_run)
+    replicas: int = bounded(1, ge=1, sim_only="the engine serves one replica")
+    router: str = field(default="round_robin", metadata={"sim_only": "the engine serves one replica: nothing is routed"})
+    horizon_s: Optional[float] = bounded(None, gt=0)
+    # merge steady decode steps into one event (exact; see StepLoop.extend_decode_run)
+    fast_forward: bool = field(default=True, metadata={"sim_only": "the engine runs every step on the wall clock"})
     # backend=engine only
     device: str = "auto"  # auto (cuda when available), cuda, cuda:N or cpu
     dtype: Optional[str] = None  # null: the model's dtype
     cuda_graphs: bool = True  # on a GPU, decode-only steps replay CUDA graphs (engine/decode_graphs.py)
-    cuda_graph_max_tokens: int = 262_144  # largest batch x gathered context given a graph; larger steps run eagerly
+    cuda_graph_max_tokens: int = bounded(262_144, ge=1)  # largest batch x gathered context given a graph; larger steps run eagerly
 
 
 @dataclass
@@ -106,7 +115,7 @@ class LoggerConfig:
     entity: Optional[str] = None
     group: Optional[str] = None  # null: the sweep folder's name under a multirun
     mode: Optional[str] = None  # null: offline unless WANDB_API_KEY is set (or WANDB_MODE)
-    max_history_rows: int = 2000
+    max_history_rows: int = bounded(2000, ge=1)
     log_requests_table: bool = True
 
 
@@ -114,10 +123,10 @@ class LoggerConfig:
 class CapacityConfig:
     """`testbed-capacity`: bisection over trace.rate_scale for the highest load meeting the SLO."""
 
-    lo: float = 0.25
-    hi: float = 8.0
-    rel_tol: float = 0.02
-    max_evals: int = 16
+    lo: float = bounded(0.25, gt=0)
+    hi: float = bounded(8.0, gt=0)
+    rel_tol: float = bounded(0.02, gt=0, lt=1)
+    max_evals: int = bounded(16, ge=1)
 
 
 @dataclass
@@ -135,7 +144,7 @@ class TestbedConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # testbed-profile's grid
-    seed: int = 0
+    seed: int = bounded(0, ge=0)  # numpy and torch seeds are non-negative
 
 
 def register_configs() -> None:

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from testbed.app.cli import CONF_DIR
 from testbed.core.cost import BatchShape
 from testbed.app.run import RunResult, _obj, finish, prepare, run_info, simulate
+from testbed.app.validate import check_config
 
 log = logging.getLogger("testbed.app.fidelity")
 
@@ -233,6 +234,7 @@ def write(res: FidelityResult, cfg: DictConfig, out: Path) -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
+    check_config(cfg, backend="engine")  # the real run is the engine's, whatever backend.name says
     res = run_fidelity(cfg, cfg.output.dir)
     print(markdown(res, cfg))
     print(f"results: {res.out}")

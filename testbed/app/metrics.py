@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from testbed.core.request import Outcome, Request, RequestState, Status
+from testbed.core.bounds import bounded, check_ranges
 
 PERCENTILES = (50, 90, 99)
 
@@ -29,21 +30,14 @@ class SLO:
     """Per-request thresholds (None = not checked) and the run-level percentile check."""
 
     name: str = "none"
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2el_ms: float | None = None
-    percentile: float = 99.0  # MLPerf-style pass/fail: p<percentile> of each metric under its threshold
-    attainment_target: float = 0.9  # fraction of good requests a load level must reach (DistServe)
+    ttft_ms: float | None = bounded(None, gt=0)
+    tpot_ms: float | None = bounded(None, gt=0)
+    e2el_ms: float | None = bounded(None, gt=0)
+    percentile: float = bounded(99.0, gt=0, le=100)  # MLPerf-style pass/fail: p<percentile> of each metric under its threshold
+    attainment_target: float = bounded(0.9, gt=0, le=1)  # fraction of good requests a load level must reach (DistServe)
 
     def validate(self) -> None:
-        for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
-            v = getattr(self, key)
-            if v is not None and v <= 0:
-                raise ValueError(f"slo.{key}={v}: must be > 0 or null")
-        if not 0 < self.percentile <= 100:
-            raise ValueError(f"slo.percentile={self.percentile}: must be in (0, 100]")
-        if not 0 < self.attainment_target <= 1:
-            raise ValueError(f"slo.attainment_target={self.attainment_target}: must be in (0, 1]")
+        check_ranges(self, "slo")
 
 
 def outcome_of(s: RequestState) -> Outcome:

@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 
 from testbed.app.cli import CONF_DIR
 from testbed.app.plugins import make_policy
+from testbed.app.validate import check_config
 from testbed.core.cost import BatchShape
 from testbed.core.kv import BlockManager
 from testbed.core.loop import SchedulerLimits, StepLoop
@@ -120,6 +121,7 @@ def run_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
 def main(cfg: DictConfig) -> str:
     from testbed.sim.fitted_cost import ProfileCostModel, read_profile
 
+    check_config(cfg, backend="engine")  # it profiles the engine, whatever backend.name says
     path = run_profile(cfg)
     header, _ = read_profile(path)
     print(f"profile: {path}  ({header.get('points')} points in {header.get('wall_s')} s, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
+from testbed.core.bounds import check_ranges
 from testbed.core.plan import Plan
 from testbed.core.request import RequestState
 
@@ -33,6 +34,9 @@ class PolicyKnobs:
     """Base of every policy's knob dataclass; `name` selects the policy."""
 
     name: str = "???"
+
+    def __post_init__(self):
+        check_ranges(self, "policy")  # every knob's declared range (`testbed.core.bounds`)
 
 
 class BasePolicy:

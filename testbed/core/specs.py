@@ -11,27 +11,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from testbed.core.bounds import bounded, check_ranges
+
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8": 1}
 
 
 @dataclass
 class ModelSpec:
     name: str = "llama3-8b"
-    hidden_size: int = 4096
-    intermediate_size: int = 14336
-    num_layers: int = 32
-    num_heads: int = 32
-    num_kv_heads: int = 8
-    head_dim: int = 128
-    vocab_size: int = 128256
+    hidden_size: int = bounded(4096, ge=1)
+    intermediate_size: int = bounded(14336, ge=1)
+    num_layers: int = bounded(32, ge=1)
+    num_heads: int = bounded(32, ge=1)
+    num_kv_heads: int = bounded(8, ge=1)
+    head_dim: int = bounded(128, ge=1)
+    vocab_size: int = bounded(128256, ge=1)
     tie_word_embeddings: bool = False
-    max_model_len: int = 8192
+    max_model_len: int = bounded(8192, ge=1)
     dtype: str = "bfloat16"
     # for the engine: which transformers architecture the shapes belong to, and where weights come from
     family: str = "llama"  # llama, qwen2 or mistral
-    rope_theta: float = 500000.0
+    rope_theta: float = bounded(500000.0, gt=0)
     checkpoint: Optional[str] = None  # a local checkpoint folder; nothing is ever downloaded
-    random_weights: bool = True  # build from these shapes with random weights (timings depend on shapes only)
+    # true: random weights (timings depend on shapes only), with these shapes, or the checkpoint's
+    # config.json when one is given; false: the checkpoint's safetensors weights
+    random_weights: bool = True
 
     @property
     def dtype_bytes(self) -> int:
@@ -95,24 +99,17 @@ class HardwareSpec:
     """
 
     name: str = "h100-sxm"
-    matmul_flops: float = 769e12  # bf16 FLOP/s, large matmul, measured
-    mem_bandwidth: float = 2.98e12  # bytes/s, device copy, measured
-    memory_bytes: float = 80e9
-    compute_efficiency: float = 0.72
-    memory_efficiency: float = 0.88
-    attention_efficiency: float = 0.5
-    step_overhead_s: float = 0.0009  # launch, sampling, host bookkeeping per step (CUDA graphs on)
-    host_link_bandwidth: float = 25e9  # bytes/s device<->host for swap
+    matmul_flops: float = bounded(769e12, gt=0)  # bf16 FLOP/s, large matmul, measured
+    mem_bandwidth: float = bounded(2.98e12, gt=0)  # bytes/s, device copy, measured
+    memory_bytes: float = bounded(80e9, gt=0)
+    compute_efficiency: float = bounded(0.72, gt=0, le=1)
+    memory_efficiency: float = bounded(0.88, gt=0, le=1)
+    attention_efficiency: float = bounded(0.5, gt=0, le=1)
+    step_overhead_s: float = bounded(0.0009, ge=0)  # launch, sampling, host bookkeeping per step (CUDA graphs on)
+    host_link_bandwidth: float = bounded(25e9, gt=0)  # bytes/s device<->host for swap
 
     def validate(self) -> None:
-        for key in ("matmul_flops", "mem_bandwidth", "memory_bytes", "host_link_bandwidth"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"hardware.{key}={getattr(self, key)}: must be > 0")
-        for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency"):
-            if not 0 < getattr(self, key) <= 1:
-                raise ValueError(f"hardware.{key}={getattr(self, key)}: must be in (0, 1]")
-        if self.step_overhead_s < 0:
-            raise ValueError(f"hardware.step_overhead_s={self.step_overhead_s}: must be >= 0")
+        check_ranges(self, "hardware")
 
 
 def kv_capacity_blocks(model: ModelSpec, hw: HardwareSpec, block_size: int,

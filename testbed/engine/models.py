@@ -3,7 +3,8 @@
 Scheduling research needs the right *shapes* (layers, heads, KV size, vocab) far more
 than trained weights: step time does not depend on what the weights are. So every
 preset here builds from a config alone, seeded, with no download; a checkpoint folder
-on disk is used when one is given. The presets' `_name_or_path` equals the `ModelSpec`
+on disk is used when one is given: its safetensors weights only (a pickle can run code
+when unpickled), never its remote code, never a download. The presets' `_name_or_path` equals the `ModelSpec`
 name of the matching `conf/model/*.yaml`, so `model_spec_of` ties engine and simulator
 to the same shapes.
 """
@@ -110,8 +111,10 @@ def build_model(source: str | Path | PretrainedConfig | ModelSpec, dtype: str | 
                 attn_implementation: str | None = None) -> PreTrainedModel:
     """A causal LM in eval mode from a checkpoint folder, a preset name, a config or a `ModelSpec`.
 
-    A folder holding config.json (or a spec whose `checkpoint` names one) is loaded with
-    `from_pretrained`, local files only, never a download. Anything else is built from its
+    A folder holding config.json (or a spec whose `checkpoint` names one, with
+    `random_weights=false`) is loaded with `from_pretrained`: local safetensors files only, no
+    remote code, never a download. A spec with a checkpoint and `random_weights=true` takes the
+    checkpoint's config.json (architecture and shapes) with random weights. Anything else is built from its
     config with random weights drawn after `torch.manual_seed(seed)`, directly on `device`
     (an 8B model never passes through host memory). `dtype` defaults to the spec's, else
     bfloat16. `attn_implementation=None` keeps transformers' default (sdpa); the runner
@@ -119,8 +122,11 @@ def build_model(source: str | Path | PretrainedConfig | ModelSpec, dtype: str | 
     """
     if isinstance(source, ModelSpec):
         dtype = dtype or source.dtype
-        if source.checkpoint:
+        if source.checkpoint and not source.random_weights:
             source = source.checkpoint
+        elif source.checkpoint:  # the checkpoint's own architecture and shapes, random weights
+            source = AutoConfig.from_pretrained(checkpoint_folder(source.checkpoint), local_files_only=True,
+                                                trust_remote_code=False)
         elif not source.random_weights:
             raise ValueError(f"model {source.name}: random_weights=false needs model.checkpoint (a local folder)")
         else:
@@ -128,7 +134,9 @@ def build_model(source: str | Path | PretrainedConfig | ModelSpec, dtype: str | 
     dtype = _torch_dtype(dtype or torch.bfloat16)
     extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     if isinstance(source, (str, Path)) and (Path(source) / "config.json").is_file():
-        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=dtype, **extra)
+        model = AutoModelForCausalLM.from_pretrained(safetensors_folder(source), local_files_only=True,
+                                                     use_safetensors=True, trust_remote_code=False, dtype=dtype,
+                                                     **extra)
         model.to(device)
     elif isinstance(source, (str, Path)) and source not in PRESETS:
         raise ValueError(f"model {str(source)!r}: neither a checkpoint folder with config.json "
@@ -139,6 +147,32 @@ def build_model(source: str | Path | PretrainedConfig | ModelSpec, dtype: str | 
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, **extra)
     return model.eval()
+
+
+def checkpoint_folder(path: str | Path) -> Path:
+    """`model.checkpoint`, checked to be a folder holding a transformers config.json."""
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"model.checkpoint={path}: no config.json there (a local checkpoint folder is expected; "
+                         f"nothing is ever downloaded)")
+    return folder
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def safetensors_folder(path: str | Path) -> Path:
+    """A checkpoint folder whose weights are safetensors files: a folder holding only pickled
+    weights (pytorch_model.bin, ...) is refused, since unpickling can run arbitrary code."""
+    folder = checkpoint_folder(path)
+    if not any(folder.glob("*.safetensors")):
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        raise ValueError(f"model.checkpoint={path}: no safetensors weights there"
+                         + (f", only pickled ones ({', '.join(pickles)}), which are never loaded since unpickling "
+                            f"can run code: convert them to safetensors (save_pretrained(..., "
+                            f"safe_serialization=True))" if pickles else "")
+                         + "; or set model.random_weights=true for its shapes with random weights")
+    return folder
 
 
 def model_spec_of(hf_config: PretrainedConfig, name: str | None = None, dtype: str | None = None) -> ModelSpec:

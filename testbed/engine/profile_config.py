@@ -11,30 +11,32 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Optional
 
+from testbed.core.bounds import bounded, check_ranges
+
 
 @dataclass
 class ProfileConfig:
     grid: str = "quick"  # quick (CPU, small budgets: the tiny model in well under a minute) or full (GPU)
     out: Optional[str] = None  # the profile file; null: <output.dir>/profile.csv
-    repeats: Optional[int] = None  # timed runs per point, the median is recorded; null: the grid's
-    warmup: Optional[int] = None  # untimed runs before them; null: the grid's
-    min_time_s: Optional[float] = None  # short points repeat until this much was timed (at most 10 x repeats)
-    retries: int = 3  # CPU: re-measure a point whose wall time exceeds its CPU time by >10% (another process ran)
-    threads: Optional[int] = None  # torch.set_num_threads on CPU (keep 1 on a small shared machine); null: as is
+    repeats: Optional[int] = bounded(None, ge=1)  # timed runs per point, the median is recorded; null: the grid's
+    warmup: Optional[int] = bounded(None, ge=0)  # untimed runs before them; null: the grid's
+    min_time_s: Optional[float] = bounded(None, ge=0)  # short points repeat until this much was timed (at most 10 x repeats)
+    retries: int = bounded(3, ge=0)  # CPU: re-measure a point whose wall time exceeds its CPU time by >10% (another process ran)
+    threads: Optional[int] = bounded(None, ge=1)  # torch.set_num_threads on CPU (keep 1 on a small shared machine); null: as is
     progress: Optional[bool] = None  # a tqdm bar; null: only on a terminal, never in CI
     # grid lists; null: the preset's
-    prefill_chunks: Optional[list[int]] = None  # prefill chunk sizes (tokens)...
-    prefill_offsets: Optional[list[int]] = None  # ...at these context offsets (tokens already cached)
-    prefill_seqs: Optional[list[int]] = None  # several fresh chunks in one step: how many...
-    prefill_seq_chunks: Optional[list[int]] = None  # ...of how many tokens each
-    decode_batches: Optional[list[int]] = None  # decode sequences per step...
-    decode_contexts: Optional[list[int]] = None  # ...each with this many tokens of context
-    mixed_chunks: Optional[list[int]] = None  # one prefill chunk (offset 0)...
-    mixed_batches: Optional[list[int]] = None  # ...plus this many decodes...
-    mixed_contexts: Optional[list[int]] = None  # ...of this context
-    host_batches: Optional[list[int]] = None  # loop overhead (plan + complete, no model) for N running decodes
+    prefill_chunks: Optional[list[int]] = bounded(None, ge=1)  # prefill chunk sizes (tokens)...
+    prefill_offsets: Optional[list[int]] = bounded(None, ge=0)  # ...at these context offsets (tokens already cached)
+    prefill_seqs: Optional[list[int]] = bounded(None, ge=1)  # several fresh chunks in one step: how many...
+    prefill_seq_chunks: Optional[list[int]] = bounded(None, ge=1)  # ...of how many tokens each
+    decode_batches: Optional[list[int]] = bounded(None, ge=1)  # decode sequences per step...
+    decode_contexts: Optional[list[int]] = bounded(None, ge=1)  # ...each with this many tokens of context
+    mixed_chunks: Optional[list[int]] = bounded(None, ge=1)  # one prefill chunk (offset 0)...
+    mixed_batches: Optional[list[int]] = bounded(None, ge=1)  # ...plus this many decodes...
+    mixed_contexts: Optional[list[int]] = bounded(None, ge=1)  # ...of this context
+    host_batches: Optional[list[int]] = bounded(None, ge=1)  # loop overhead (plan + complete, no model) for N running decodes
     host_policy: str = "vllm"
-    max_kv_tokens: Optional[int] = None  # skip points holding more KV tokens than this; null: the grid's
+    max_kv_tokens: Optional[int] = bounded(None, ge=1)  # skip points holding more KV tokens than this; null: the grid's
 
 
 GRIDS: dict[str, dict] = {
@@ -89,6 +91,5 @@ def resolve(pc) -> ProfileConfig:
     for key, value in preset.items():
         if getattr(out, key) is None:
             setattr(out, key, list(value) if isinstance(value, list) else value)
-    if out.repeats < 1 or out.warmup < 0:
-        raise ValueError(f"profile.repeats={out.repeats}, profile.warmup={out.warmup}: need repeats >= 1, warmup >= 0")
+    check_ranges(out, "profile")
     return out

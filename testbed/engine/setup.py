@@ -6,14 +6,15 @@ in an out-of-memory error.
 """
 from __future__ import annotations
 
+import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from omegaconf import DictConfig
 
 from testbed.engine.kv_cache import PagedKVCache
-from testbed.engine.models import build_model, model_spec_of
+from testbed.engine.models import build_model, checkpoint_folder, model_spec_of
 from testbed.engine.prompts import PromptTokens
 from testbed.engine.replay import EngineReplay
 from testbed.engine.runner import ModelRunner
@@ -21,6 +22,7 @@ from testbed.core.loop import StepLoop
 from testbed.core.specs import DTYPE_BYTES, ModelSpec
 
 GB = 1e9
+log = logging.getLogger("testbed.engine")
 
 
 class DoesNotFit(MemoryError):
@@ -70,11 +72,36 @@ def decode_graph_pool_bytes(spec: ModelSpec, dtype: torch.dtype, max_batch: int,
     return int(1.25 * (gathered + logits))
 
 
+def kv_cache_blocks(cfg: DictConfig, spec: ModelSpec, device: torch.device, left: float,
+                    block_bytes: int) -> tuple[int, str]:
+    """How many KV blocks to allocate, and why that many.
+
+    `kv.num_blocks` when set; else what the memory left holds, as vLLM sizes its cache on a
+    GPU. On a CPU the host RAM is everyone's, so the cache takes no more than the running
+    sequences can ever fill (`scheduler.max_num_seqs` x `max_model_len`) nor more than
+    `kv.cpu_kv_cache_gb` (vLLM's VLLM_CPU_KVCACHE_SPACE plays that part): without them a large
+    max_num_seqs took 90% of the host's free memory for a model of a few hundred kB.
+    """
+    kc = cfg.kv
+    if kc.num_blocks is not None:
+        return kc.num_blocks, "kv.num_blocks"
+    candidates = [(int(left // block_bytes), f"kv.memory_utilization {kc.memory_utilization} of free memory")]
+    if device.type == "cpu":
+        max_len = cfg.scheduler.max_model_len or spec.max_model_len
+        candidates.append((cfg.scheduler.max_num_seqs * -(-max_len // kc.block_size),
+                           f"what scheduler.max_num_seqs {cfg.scheduler.max_num_seqs} x max_model_len {max_len} can use"))
+        if kc.cpu_kv_cache_gb is not None:
+            candidates.append((int(kc.cpu_kv_cache_gb * GB // block_bytes), f"kv.cpu_kv_cache_gb={kc.cpu_kv_cache_gb}"))
+    blocks, why = min(candidates)
+    return blocks, f"bounded by {why}"
+
+
 def build_engine(cfg: DictConfig, spec: ModelSpec) -> Engine:
     device = resolve_device(cfg.backend.device)
     dtype_name = cfg.backend.dtype or spec.dtype
-    if spec.checkpoint:
-        spec = ModelSpec.from_hf_config(spec.checkpoint, name=spec.name, dtype=dtype_name)
+    if spec.checkpoint:  # its shapes (for the fit check), keeping where the weights come from
+        spec = replace(ModelSpec.from_hf_config(checkpoint_folder(spec.checkpoint), name=spec.name, dtype=dtype_name),
+                       checkpoint=spec.checkpoint, random_weights=spec.random_weights)
     weights = spec.num_params * DTYPE_BYTES[dtype_name]
     usable = free_memory(device) * cfg.kv.memory_utilization
     if weights > usable:
@@ -83,7 +110,8 @@ def build_engine(cfg: DictConfig, spec: ModelSpec) -> Engine:
                          f"{cfg.kv.memory_utilization})")
     model = build_model(spec, dtype_name, device, seed=cfg.seed)
     if spec.checkpoint:
-        spec = model_spec_of(model.config, name=spec.name, dtype=dtype_name)
+        spec = replace(model_spec_of(model.config, name=spec.name, dtype=dtype_name),
+                       checkpoint=spec.checkpoint, random_weights=spec.random_weights)
     dtype = next(model.parameters()).dtype
     block_size = cfg.kv.block_size
     block_bytes = PagedKVCache.block_bytes(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, dtype)
@@ -93,19 +121,14 @@ def build_engine(cfg: DictConfig, spec: ModelSpec) -> Engine:
     graph_pool = decode_graph_pool_bytes(spec, dtype, cfg.scheduler.max_num_seqs,
                                          cfg.backend.cuda_graph_max_tokens) if graphs else 0
     left -= graph_pool + (block_bytes if graphs else 0)  # the graphs' memory pool, the scratch block
-    if cfg.kv.num_blocks is not None:
-        num_blocks = cfg.kv.num_blocks
-    else:
-        num_blocks = int(left // block_bytes)
-        if device.type == "cpu":  # host RAM is shared with everything else: hold only what can ever be used
-            max_len = cfg.scheduler.max_model_len or spec.max_model_len
-            num_blocks = min(num_blocks, cfg.scheduler.max_num_seqs * -(-max_len // block_size))
+    num_blocks, why = kv_cache_blocks(cfg, spec, device, left, block_bytes)
     need = num_blocks * block_bytes
     if num_blocks < 1 or need > left:
         raise DoesNotFit(f"KV cache of {max(num_blocks, 1)} blocks ({block_size} tokens each) needs "
                          f"{max(need, block_bytes) / GB:.2f} GB, {max(left, 0) / GB:.2f} GB is free on {device} after "
                          f"{weights / GB:.2f} GB of weights, {cfg.kv.activation_reserve_gb} GB of activation reserve"
                          + (f" and {graph_pool / GB:.2f} GB for CUDA graphs (backend.cuda_graphs)" if graphs else ""))
+    log.info("KV cache: %d blocks of %d tokens, %.3f GB on %s (%s)", num_blocks, block_size, need / GB, device, why)
     cache = PagedKVCache.for_model(model.config, num_blocks, block_size, dtype, device, scratch_block=graphs)
     runner = ModelRunner(model, cache)
     if graphs:  # captured here, before any timing: a replay or a profile never pays for a capture

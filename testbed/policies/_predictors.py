@@ -28,8 +28,9 @@ import bisect
 import math
 import random
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from testbed.core.bounds import bounded
 from testbed.core.policy import PolicyKnobs
 from testbed.core.request import Request
 
@@ -103,11 +104,12 @@ class PredictorKnobs(PolicyKnobs):
     """The knobs every length-predicting policy shares (sjf, srpt, ltr)."""
 
     predictor: str = "oracle"  # oracle (upper bound) | noisy_oracle | bucket
-    sigma: float = 0.5  # noisy_oracle: std of log(prediction / true length)
-    buckets: list[int] = field(default_factory=lambda: list(DEFAULT_BUCKETS))  # bucket: class boundaries
-    seed: int = 0  # noisy_oracle: noise seed (with the request id)
+    sigma: float = bounded(0.5, ge=0)  # noisy_oracle: std of log(prediction / true length)
+    buckets: list[int] = bounded(factory=lambda: list(DEFAULT_BUCKETS), ge=1)  # bucket: class boundaries
+    seed: int = bounded(0, ge=0)  # noisy_oracle: noise seed (with the request id)
 
     def __post_init__(self):
+        super().__post_init__()
         make_predictor(self.predictor, self.sigma, self.buckets, self.seed)  # fail early on a bad predictor
 
     def make(self):

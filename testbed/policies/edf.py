@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from testbed.policies.srpt import WaitingQueue, fill_ranked
+from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
 from testbed.core.request import Status
@@ -75,31 +76,18 @@ DEFAULT_TTFT_MS, DEFAULT_TPOT_MS = 2000.0, 100.0
 REPRICE = 256  # least_slack: tokens between re-pricings of a running decode's step time
 
 
-def _check_slo(knobs) -> None:
-    for key in ("ttft_ms", "tpot_ms"):
-        v = getattr(knobs, key)
-        if v is not None and not v > 0:
-            raise ValueError(f"policy.{key}={v}: must be > 0 (or null for the default)")
-
-
 @dataclass
 class EDFKnobs(PolicyKnobs):
     name: str = "edf"
-    ttft_ms: Optional[float] = None  # first-token deadline after arrival; null = 2000
-    tpot_ms: Optional[float] = None  # pace of later tokens; null = 100
-
-    def __post_init__(self):
-        _check_slo(self)
+    ttft_ms: Optional[float] = bounded(None, gt=0)  # first-token deadline after arrival; null = 2000
+    tpot_ms: Optional[float] = bounded(None, gt=0)  # pace of later tokens; null = 100
 
 
 @dataclass
 class LeastSlackKnobs(PolicyKnobs):
     name: str = "least_slack"
-    ttft_ms: Optional[float] = None  # first-token deadline after arrival; null = 2000
-    tpot_ms: Optional[float] = None  # pace of later tokens; null = 100
-
-    def __post_init__(self):
-        _check_slo(self)
+    ttft_ms: Optional[float] = bounded(None, gt=0)  # first-token deadline after arrival; null = 2000
+    tpot_ms: Optional[float] = bounded(None, gt=0)  # pace of later tokens; null = 100
 
 
 @register

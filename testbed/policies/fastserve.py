@@ -45,6 +45,7 @@ import math
 from dataclasses import dataclass
 
 from testbed.policies._passes import StepBudget, preempt
+from testbed.core.bounds import bounded
 from testbed.core.plan import PREEMPT_MODES, SWAP, Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
 from testbed.core.request import Status
@@ -53,18 +54,15 @@ from testbed.core.request import Status
 @dataclass
 class FastServeKnobs(PolicyKnobs):
     name: str = "fastserve"
-    base_quantum: int = 8  # output tokens at the top level
-    ratio: float = 2.0  # quantum growth per level
-    num_levels: int = 6
-    prefill_tokens_per_iteration: int = 512  # prompt tokens that cost one decode iteration, for skip-join
-    starvation_limit_s: float = 5.0  # waited this long unserved: back to the top level (0 = never)
+    base_quantum: int = bounded(8, ge=1)  # output tokens at the top level
+    ratio: float = bounded(2.0, ge=1)  # quantum growth per level
+    num_levels: int = bounded(6, ge=1)
+    prefill_tokens_per_iteration: int = bounded(512, ge=1)  # prompt tokens that cost one decode iteration, for skip-join
+    starvation_limit_s: float = bounded(5.0, ge=0)  # waited this long unserved: back to the top level (0 = never)
     preemption_mode: str = SWAP  # swap to host while kv.swap_space_gb has room, else recompute
 
     def __post_init__(self):
-        if self.base_quantum < 1 or self.ratio < 1 or self.num_levels < 1 or self.prefill_tokens_per_iteration < 1:
-            raise ValueError("policy: base_quantum, num_levels, prefill_tokens_per_iteration >= 1 and ratio >= 1")
-        if self.starvation_limit_s < 0:
-            raise ValueError(f"policy.starvation_limit_s={self.starvation_limit_s}: must be >= 0")
+        super().__post_init__()
         if self.preemption_mode not in PREEMPT_MODES:
             raise ValueError(f"policy.preemption_mode={self.preemption_mode!r}: expected one of {PREEMPT_MODES}")
 

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 from testbed.policies._predictors import PredictorKnobs
 from testbed.policies.srpt import WaitingQueue, fill_ranked
+from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
 from testbed.core.policy import BasePolicy, register
 from testbed.core.request import Status
@@ -60,16 +61,9 @@ _WAITING, _SWAPPED, _FINISHED = Status.WAITING, Status.SWAPPED, Status.FINISHED
 @dataclass
 class LTRKnobs(PredictorKnobs):
     name: str = "ltr"
-    starvation_threshold: int = 256  # steps in a row unscheduled before promotion; 0 = never promote
-    priority_quantum: int = 64  # tokens (token-sampling steps) a promoted request keeps its priority
+    starvation_threshold: int = bounded(256, ge=0)  # steps in a row unscheduled before promotion; 0 = never promote
+    priority_quantum: int = bounded(64, ge=1)  # tokens (token-sampling steps) a promoted request keeps its priority
     preemptive: bool = False  # true: one ranked list over running and waiting (vllm-ltr's loop)
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.starvation_threshold < 0:
-            raise ValueError(f"policy.starvation_threshold={self.starvation_threshold}: must be >= 0 (0 = off)")
-        if self.priority_quantum < 1:
-            raise ValueError(f"policy.priority_quantum={self.priority_quantum}: must be >= 1")
 
 
 @register

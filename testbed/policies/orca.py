@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
 
@@ -22,7 +23,7 @@ from testbed.core.policy import BasePolicy, PolicyKnobs, register
 @dataclass
 class OrcaKnobs(PolicyKnobs):
     name: str = "orca"
-    max_batch_size: int = 0  # 0 = scheduler.max_num_seqs
+    max_batch_size: int = bounded(0, ge=0)  # 0 = scheduler.max_num_seqs
 
 
 def max_blocks(view, s) -> int:

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.policies._passes import StepBudget, admit, run_running
+from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
 
@@ -39,14 +40,8 @@ from testbed.core.policy import BasePolicy, PolicyKnobs, register
 @dataclass
 class SarathiKnobs(PolicyKnobs):
     name: str = "sarathi"
-    token_budget: int = 512  # tau: tokens per step (decodes + prefill chunks)
-    watermark: float = 0.01  # share of KV blocks an admission must leave free (Sarathi-Serve's default)
-
-    def __post_init__(self):
-        if self.token_budget < 1:
-            raise ValueError(f"policy.token_budget={self.token_budget}: must be >= 1")
-        if not 0 <= self.watermark < 1:
-            raise ValueError(f"policy.watermark={self.watermark}: must be in [0, 1)")
+    token_budget: int = bounded(512, ge=1)  # tau: tokens per step (decodes + prefill chunks)
+    watermark: float = bounded(0.01, ge=0, lt=1)  # share of KV blocks an admission must leave free (Sarathi-Serve's default)
 
 
 @register

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
 
@@ -58,22 +59,20 @@ LPM_QUEUE_LIMIT = 128  # SGLang falls back to fcfs above this many waiting reque
 class SGLangKnobs(PolicyKnobs):
     name: str = "sglang"
     schedule_policy: str = "fcfs"
-    chunked_prefill_size: int = 8192
-    init_new_token_ratio: float = 0.7
-    min_new_token_ratio: float = 0.1
-    new_token_ratio_decay: float = 0.001  # (0.7 - 0.1) / 600 decode steps
-    clip_max_new_tokens: int = 4096
-    retract_decode_steps: int = 0  # 0: retract until the next token fits, ratio back to init; N: SGLang's rule
+    chunked_prefill_size: int = bounded(8192, ge=1)
+    init_new_token_ratio: float = bounded(0.7, ge=0, le=1)
+    min_new_token_ratio: float = bounded(0.1, ge=0, le=1)
+    new_token_ratio_decay: float = bounded(0.001, ge=0)  # (0.7 - 0.1) / 600 decode steps
+    clip_max_new_tokens: int = bounded(4096, ge=1)
+    retract_decode_steps: int = bounded(0, ge=0)  # 0: retract until the next token fits, ratio back to init; N: SGLang's rule
 
     def __post_init__(self):
+        super().__post_init__()
         if self.schedule_policy not in ORDERS:
             raise ValueError(f"policy.schedule_policy={self.schedule_policy!r}: expected one of {ORDERS}")
-        if not 0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1:
-            raise ValueError("policy: need 0 <= min_new_token_ratio <= init_new_token_ratio <= 1")
-        if self.new_token_ratio_decay < 0:
-            raise ValueError(f"policy.new_token_ratio_decay={self.new_token_ratio_decay}: must be >= 0")
-        if self.chunked_prefill_size < 1 or self.clip_max_new_tokens < 1:
-            raise ValueError("policy.chunked_prefill_size and policy.clip_max_new_tokens must be >= 1")
+        if self.min_new_token_ratio > self.init_new_token_ratio:
+            raise ValueError(f"policy.min_new_token_ratio={self.min_new_token_ratio}: must be <= "
+                             f"policy.init_new_token_ratio={self.init_new_token_ratio}")
         if self.retract_decode_steps < 0:
             raise ValueError(f"policy.retract_decode_steps={self.retract_decode_steps}: must be >= 0")
 

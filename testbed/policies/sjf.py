@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from testbed.policies._predictors import PredictorKnobs
 from testbed.policies.srpt import AgedFirst, WaitingQueue, fill_ranked
+from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
 from testbed.core.policy import BasePolicy, register
 from testbed.core.request import Status
@@ -40,12 +41,7 @@ _WAITING = Status.WAITING
 @dataclass
 class SJFKnobs(PredictorKnobs):
     name: str = "sjf"
-    starvation_s: float = 10.0  # requests waiting longer than this go first, FCFS; 0 = off
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.starvation_s < 0:
-            raise ValueError(f"policy.starvation_s={self.starvation_s}: must be >= 0 (0 = no aging)")
+    starvation_s: float = bounded(10.0, ge=0)  # requests waiting longer than this go first, FCFS; 0 = off
 
 
 @register

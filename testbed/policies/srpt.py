@@ -40,6 +40,7 @@ import heapq
 from dataclasses import dataclass
 
 from testbed.policies._predictors import PredictorKnobs
+from testbed.core.bounds import bounded
 from testbed.core.plan import RECOMPUTE, Plan
 from testbed.core.policy import BasePolicy, register
 from testbed.core.request import Status
@@ -255,12 +256,7 @@ def fill_ranked(view, running: list, source, preemptive: bool, resuming=None, ma
 @dataclass
 class SRPTKnobs(PredictorKnobs):
     name: str = "srpt"
-    starvation_s: float = 10.0  # requests older than this rank first, FCFS; 0 = off
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.starvation_s < 0:
-            raise ValueError(f"policy.starvation_s={self.starvation_s}: must be >= 0 (0 = no aging)")
+    starvation_s: float = bounded(10.0, ge=0)  # requests older than this rank first, FCFS; 0 = off
 
 
 @register

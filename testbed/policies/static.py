@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
 from testbed.core.request import Status
@@ -20,7 +21,7 @@ from testbed.core.request import Status
 @dataclass
 class StaticKnobs(PolicyKnobs):
     name: str = "static"
-    max_batch_size: int = 0  # 0 = scheduler.max_num_seqs
+    max_batch_size: int = bounded(0, ge=0)  # 0 = scheduler.max_num_seqs
 
 
 @register

@@ -29,6 +29,7 @@ class TRTLLMKnobs(PolicyKnobs):
     mode: str = "guaranteed_no_evict"
 
     def __post_init__(self):
+        super().__post_init__()
         if self.mode not in MODES:
             raise ValueError(f"policy.mode={self.mode!r}: expected one of {MODES}")
 

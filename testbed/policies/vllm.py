@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.policies._passes import StepBudget, admit, run_running
+from testbed.core.bounds import bounded
 from testbed.core.plan import PREEMPT_MODES, RECOMPUTE, Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
 
@@ -26,10 +27,11 @@ from testbed.core.policy import BasePolicy, PolicyKnobs, register
 class VLLMKnobs(PolicyKnobs):
     name: str = "vllm"
     chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0  # 0 = no cap on one request's prefill chunk
+    long_prefill_token_threshold: int = bounded(0, ge=0)  # 0 = no cap on one request's prefill chunk
     preemption_mode: str = RECOMPUTE  # "recompute" (V1) or "swap" (V0)
 
     def __post_init__(self):
+        super().__post_init__()
         if self.preemption_mode not in PREEMPT_MODES:
             raise ValueError(f"policy.preemption_mode={self.preemption_mode!r}: expected one of {PREEMPT_MODES}")
         if self.long_prefill_token_threshold < 0:

@@ -29,6 +29,7 @@ class VLLMV0Knobs(PolicyKnobs):
     preemption_mode: str = RECOMPUTE
 
     def __post_init__(self):
+        super().__post_init__()
         if self.preemption_mode not in PREEMPT_MODES:
             raise ValueError(f"policy.preemption_mode={self.preemption_mode!r}: expected one of {PREEMPT_MODES}")
 

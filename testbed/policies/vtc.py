@@ -28,6 +28,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 
 from testbed.policies._passes import StepBudget, run_running
+from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
 from testbed.core.request import Status
@@ -36,13 +37,9 @@ from testbed.core.request import Status
 @dataclass
 class VTCKnobs(PolicyKnobs):
     name: str = "vtc"
-    w_in: float = 1.0
-    w_out: float = 2.0
-    tenants: int = 0  # > 0: assign tenant t{id % tenants} instead of the trace's
-
-    def __post_init__(self):
-        if self.w_in < 0 or self.w_out < 0 or self.tenants < 0:
-            raise ValueError("policy: w_in, w_out and tenants must be >= 0")
+    w_in: float = bounded(1.0, ge=0)
+    w_out: float = bounded(2.0, ge=0)
+    tenants: int = bounded(0, ge=0)  # > 0: assign tenant t{id % tenants} instead of the trace's
 
 
 @register

@@ -1,0 +1,121 @@
+"""The composed config checked against its schemas, first thing in every entry point.
+
+Hydra type-checks what a config file or a plain override sets, but a key added with `+`
+(`+scheduler.max_num_seq=10`, the very form Hydra's own error message suggests) joins a
+structured node unchecked, and the run would go on with the key silently unused. So every
+entry point (`testbed-sim`, `testbed-capacity`, `testbed-profile`, `testbed-fidelity`) calls
+`check_config` on the composed config: each node is compared with its dataclass
+(`TestbedConfig` and the group schemas; the policy node with its registered policy's
+`Knobs`), and every problem is reported at once, naming the key and the closest valid one.
+Only fields typed as a mapping (`trace.columns`) are open to new keys. The same walk
+range-checks every numeric value against the bounds its field declares
+(`testbed.core.bounds`), so `policy.max_batch_size=-1` or `kv.swap_space_gb=-1` fail here,
+naming the key and the rule, rather than stalling a run or failing deep inside it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from functools import cache
+from typing import Any, Iterator, Union
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from testbed.app.config import BackendConfig, TestbedConfig
+from testbed.app.plugins import load_policies
+from testbed.core.bounds import bounds_of, range_problem
+
+
+class ConfigError(ValueError):
+    """The config names keys or values that cannot run; the message lists each one."""
+
+
+def check_config(cfg: DictConfig, backend: str | None = None) -> None:
+    """Raise ConfigError listing every key of `cfg` that its schema does not declare, every
+    numeric value outside the range its field declares (`testbed.core.bounds`), and, when the
+    run uses the engine (`backend`, else `cfg.backend.name`), every simulator-only key set."""
+    problems = [p for path, node, schema in schema_nodes(cfg)
+                for p in unknown_keys(path, node, schema) + out_of_range(path, node, schema)]
+    if (backend or cfg.backend.get("name")) == "engine":
+        problems += sim_only_keys_set(cfg)
+    if problems:
+        raise ConfigError(f"config: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
+
+
+def schema_nodes(cfg: DictConfig) -> Iterator[tuple[str, DictConfig, type | None]]:
+    """(dotted path, node, schema dataclass) for the root and every structured node below it;
+    the schema is None for a policy node whose name is no registered policy."""
+    stack: list[tuple[str, DictConfig, type | None]] = [("", cfg, TestbedConfig)]
+    while stack:
+        path, node, schema = stack.pop()
+        yield path, node, schema
+        for key, hint in field_types(schema).items() if schema is not None else ():
+            if not (dataclasses.is_dataclass(hint) or hint is Any) or key not in node or OmegaConf.is_missing(node, key):
+                continue  # only nested schemas are walked: no leaf is resolved here
+            child = node[key]
+            if isinstance(child, DictConfig):  # Any: the policy node, whose schema is its policy's Knobs
+                stack.append((f"{path}{key}.", child, hint if hint is not Any else knobs_of(child.get("name"))))
+
+
+def unknown_keys(path: str, node: DictConfig, schema: type | None) -> list[str]:
+    if schema is None:
+        return [f"{path}name={node.get('name')!r}: no such policy; registered: {', '.join(sorted(load_policies()))}"]
+    known = list(field_types(schema))
+    out = []
+    for key in node.keys():
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {path}{close[0]}?" if close else f"the keys here: {', '.join(known)}"
+            out.append(f"{path}{key}: unknown key ({hint})")
+    return out
+
+
+def out_of_range(path: str, node: DictConfig, schema: type | None) -> list[str]:
+    out = []
+    for f in dataclasses.fields(schema) if schema is not None else ():
+        if bounds_of(f) is not None and f.name in node and not OmegaConf.is_missing(node, f.name):
+            value = node[f.name]
+            value = OmegaConf.to_container(value, resolve=True) if isinstance(value, ListConfig) else value
+            if problem := range_problem(f"{path}{f.name}", value, bounds_of(f)):
+                out.append(problem + (" (or null)" if f.name in nullable_fields(schema) else ""))
+    return out
+
+
+def sim_only_keys_set(cfg: DictConfig) -> list[str]:
+    """The backend keys that only the simulator reads, set to anything but their default."""
+    return [f"backend.{f.name}={_as_override(cfg.backend[f.name])}: the simulator's only ({f.metadata['sim_only']}); "
+            f"backend=engine would ignore it: leave it at {_as_override(f.default)}"
+            for f in dataclasses.fields(BackendConfig)
+            if "sim_only" in f.metadata and cfg.backend.get(f.name, f.default) != f.default]
+
+
+def _as_override(value: Any) -> str:
+    """A value as the command line writes it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@cache
+def field_types(schema: type) -> dict[str, Any]:
+    """Each field's type with Optional[...] unwrapped (a mapping type stays: an open map)."""
+    hints = typing.get_type_hints(schema)
+    return {f.name: _unwrap(hints[f.name]) for f in dataclasses.fields(schema)}
+
+
+@cache
+def nullable_fields(schema: type) -> set[str]:
+    hints = typing.get_type_hints(schema)
+    return {f.name for f in dataclasses.fields(schema) if type(None) in typing.get_args(hints[f.name])}
+
+
+def _unwrap(t: Any) -> Any:
+    if typing.get_origin(t) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        return args[0] if len(args) == 1 else t
+    return t
+
+
+def knobs_of(name: Any) -> type | None:
+    cls = load_policies().get(name)
+    return cls.Knobs if cls is not None else None
