@@ -48,6 +48,7 @@ def _obj(cfg: Any, cls):
 def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple[int, str, str]]]:
     """The trace's requests after transforms, and the rows the loader rejected (id, source, reason)."""
     rejected: list[tuple[int, str, str]] = []
+    load = None
     if tc.kind == "file":
         if not tc.path:
             raise ValueError("trace.path is required when trace.kind=file")
@@ -76,7 +77,27 @@ def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple
         reqs = traces.scale_rate(reqs, tc.rate_scale)
     if tc.max_prompt_len is not None or tc.max_output_len is not None:
         reqs = traces.cap_lengths(reqs, max_prompt=tc.max_prompt_len, max_output=tc.max_output_len)
+    if not reqs:
+        raise ValueError(_nothing_to_simulate(tc, load))
     return reqs, rejected
+
+
+def _nothing_to_simulate(tc: DictConfig, load: traces.TraceLoad | None) -> str:
+    """Why a trace section left no request, naming the file or the keys that emptied it.
+
+    A run without requests has no latency to report; saying why beats a numpy error
+    deep in the metrics (or a result folder of empty tables that looks like a success).
+    """
+    where = load.path if load is not None else f"the {tc.kind} generator"
+    if load is not None and load.rows == 0:
+        return f"nothing to simulate: the trace file {where} has no data rows"
+    if load is not None and not load.requests:
+        return (f"nothing to simulate: all {load.rows} rows of {where} were rejected "
+                f"(first: {load.rejected[0]})")
+    keys = ", ".join(f"trace.{k}={tc[k]}" for k in ("start_s", "end_s") if tc[k] is not None)
+    reqs = load.requests if load is not None else []
+    span = f" (they arrive from {reqs[0].arrival:g} to {reqs[-1].arrival:g} s)" if reqs else ""
+    return f"nothing to simulate: {keys} selects none of the {len(reqs)} requests of {where}{span}"
 
 
 def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
