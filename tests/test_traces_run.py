@@ -45,3 +45,30 @@ def test_every_row_rejected_says_so(tmp_path):
     with pytest.raises(ValueError, match=r"nothing to simulate: all 2 rows of .*bad\.csv were rejected "
                                          r"\(first: bad\.csv:2: field 'ContextTokens'"):
         build_requests(trace_cfg(f, lenient=True), 0)
+
+
+# ----------------------------------------------------------------------------- the trace's name
+
+def compose_trace(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from testbed.app.cli import CONF_DIR
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides)).trace
+
+
+@pytest.mark.parametrize("overrides, name", [
+    ((), "azure_conv"),
+    (("trace=mooncake",), "mooncake"),
+    (("trace=poisson",), "poisson"),
+    (("trace.kind=file", "trace.format=csv", "trace.path=/data/my_trace.csv"), "my_trace"),
+    (("trace.path=runs/day1.csv.gz",), "day1"),
+    (("trace=mooncake", "trace.path=other.jsonl"), "other"),
+    (("trace=poisson", "trace.kind=file", "trace.path=x/y.parquet"), "y"),
+    (("trace.path=/data/my_trace.csv", "trace.name=mine"), "mine"),
+])
+def test_a_users_file_is_named_after_its_stem(overrides, name):
+    """A file of one's own keeps no bundled trace's name: the summary, the table title and
+    the output folder all read trace.name."""
+    assert compose_trace(*overrides).name == name

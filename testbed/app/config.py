@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from testbed.engine.profile_config import ProfileConfig
 from testbed.app.metrics import SLO
@@ -138,9 +138,26 @@ class TestbedConfig:
     seed: int = 0
 
 
+def trace_name(default: str, path: Optional[str], default_path: Optional[str]) -> str:
+    """The `trace_name` resolver: a trace group's own name while its path is the group's, else
+    the stem of the file the user pointed it at (``trace.path=/data/day1.csv.gz`` -> ``day1``).
+
+    Why: ``trace.kind=file trace.path=my.csv`` keeps every other key of the default group,
+    its name included, and the summary, the table title and the output folder would all say
+    the run replayed ``azure_conv``. A ``trace.name=...`` override still wins (it replaces
+    the interpolation).
+    """
+    from testbed.traces.loaders import trace_stem
+
+    if path is None or path == default_path:
+        return default
+    return trace_stem(path)
+
+
 def register_configs() -> None:
     from testbed.app.plugins import load_policies
 
+    OmegaConf.register_new_resolver("trace_name", trace_name, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="testbed_schema", node=TestbedConfig)
     cs.store(group="trace", name="trace_schema", node=TraceConfig)

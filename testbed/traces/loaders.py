@@ -59,6 +59,7 @@ AZURE_COLUMNS = {"arrival": "TIMESTAMP", "prompt_len": "ContextTokens", "output_
 MOONCAKE_COLUMNS = {"arrival": "timestamp", "prompt_len": "input_length", "output_len": "output_length",
                     "prefix_hashes": "hash_ids"}
 MOONCAKE_BLOCK_TOKENS = 512
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}  # file suffix -> pyarrow codec
 _MAX_LEN = 2**40  # lengths beyond this are surely a broken file, and would overflow int64 arithmetic
 
 ROW = "<row>"  # the pseudo-field of row-level problems
@@ -121,6 +122,17 @@ def resolve_path(path: str | os.PathLike) -> Path:
     if not p.is_absolute() and (DATA_DIR / p).is_file():
         return DATA_DIR / p
     raise _not_found(path)
+
+
+def trace_stem(path: str | os.PathLike) -> str:
+    """A trace file's name without its folder, compression and format suffixes
+    (``/data/day1.csv.gz`` -> ``day1``): what a run replaying it is called."""
+    name = Path(path).name
+    for suffix in COMPRESSIONS:
+        if name.lower().endswith(suffix):
+            name = name[:-len(suffix)]
+            break
+    return Path(name).stem or name
 
 
 # ----------------------------------------------------------------------------- public loaders
