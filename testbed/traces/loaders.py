@@ -60,6 +60,12 @@ MOONCAKE_COLUMNS = {"arrival": "timestamp", "prompt_len": "input_length", "outpu
                     "prefix_hashes": "hash_ids"}
 MOONCAKE_BLOCK_TOKENS = 512
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}  # file suffix -> pyarrow codec
+# Arrival times, as the simulator keeps them (float64 seconds), must stay below 2**32 s
+# (136 years): there a float64's spacing is 2**-20 s (0.95 us), beyond it a microsecond is
+# lost (at 1e18 s the spacing is 128 s and every TTFT reads 0.0 ms). Epoch times in s, ms or
+# us (1.7e9 s) stay well inside; only their differences from the first arrival are replayed.
+MAX_ARRIVAL_S = 2.0**32
+BEYOND_MAX_ARRIVAL = "past 2**32 s (136 years), where float64 seconds lose sub-microsecond precision"
 _MAX_LEN = 2**40  # lengths beyond this are surely a broken file, and would overflow int64 arithmetic
 
 ROW = "<row>"  # the pseudo-field of row-level problems
@@ -442,7 +448,10 @@ def _check_times(probs: _Problems, raw: list, col: str, time_unit: str, lines: l
             valid &= ~mixed
     else:
         probs.add(~ok, col, lambda i: f"unparseable or non-finite time {raw[i]!r}")
-        valid = ok & ~missing & ~row_err
+        huge = ok & (np.abs(t) >= MAX_ARRIVAL_S * TIME_UNITS[time_unit])
+        probs.add(huge, col, lambda i: f"time {raw[i]!r} is too large: {abs(t[i]) / TIME_UNITS[time_unit]:.3g} s is "
+                                       f"{BEYOND_MAX_ARRIVAL}")
+        valid = ok & ~huge & ~missing & ~row_err
     # time order against the latest valid time before (rows rejected for other fields count:
     # their time is still the file's; rows whose own time is bad or backwards do not)
     idx = np.flatnonzero(valid)
@@ -460,6 +469,20 @@ def _check_times(probs: _Problems, raw: list, col: str, time_unit: str, lines: l
             probs.add(mask, col, lambda i: f"time goes backwards: {raw[i]!r} is earlier than "
                                            f"{raw[ref[i]]!r} on line {lines[ref[i]]}")
             valid[idx[back]] = False
+    # what the replay will see, the time since the first valid arrival, must be representable
+    idx = np.flatnonzero(valid)
+    if len(idx):
+        first = int(idx[0])
+        since = (t[idx].astype(np.float64) - float(t[first])) / (1e9 if time_unit == "datetime" else
+                                                                  TIME_UNITS[time_unit])
+        far = since >= MAX_ARRIVAL_S
+        if far.any():
+            after = dict(zip(idx[far].tolist(), since[far].tolist()))
+            mask = np.zeros(n, dtype=bool)
+            mask[idx[far]] = True
+            probs.add(mask, col, lambda i: f"time {raw[i]!r} is too large: {after[i]:.3g} s after the first arrival "
+                                           f"({raw[first]!r} on line {lines[first]}) is {BEYOND_MAX_ARRIVAL}")
+            valid[idx[far]] = False
     return t, valid
 
 

@@ -15,6 +15,7 @@ from numbers import Integral, Real
 from typing import Sequence
 
 from testbed.core.request import Request
+from testbed.traces.loaders import BEYOND_MAX_ARRIVAL, MAX_ARRIVAL_S
 
 
 def scale_rate(requests: Sequence[Request], factor: float) -> list[Request]:
@@ -22,6 +23,10 @@ def scale_rate(requests: Sequence[Request], factor: float) -> list[Request]:
     as many requests per second; 0.5 = half). Order and lengths are unchanged."""
     if isinstance(factor, bool) or not isinstance(factor, Real) or not (math.isfinite(factor) and factor > 0):
         raise ValueError(f"scale_rate: factor={factor!r} (trace.rate_scale) must be a finite number > 0")
+    last = max((r.arrival for r in requests), default=0.0)
+    if last / factor >= MAX_ARRIVAL_S:
+        raise ValueError(f"scale_rate: factor={factor!r} (trace.rate_scale) would move the last arrival ({last:g} s) "
+                         f"to {last / factor:.3g} s, {BEYOND_MAX_ARRIVAL}")
     return [dataclasses.replace(r, arrival=r.arrival / factor) for r in requests]
 
 
