@@ -72,3 +72,54 @@ def test_a_users_file_is_named_after_its_stem(overrides, name):
     """A file of one's own keeps no bundled trace's name: the summary, the table title and
     the output folder all read trace.name."""
     assert compose_trace(*overrides).name == name
+
+
+# ----------------------------------------------------------------------------- rejected rows of a selection
+
+def _mixed(tmp_path, n):
+    """Rows at t = 0, 1, 2, ... seconds; odd rows have a zero prompt (rejected, time known)."""
+    f = tmp_path / "mixed.csv"
+    f.write_text(HEADER + "".join(f"2023-11-16 18:{i // 60:02d}:{i % 60:02d}.0,{0 if i % 2 else 10},5\n"
+                                  for i in range(n)))
+    return f
+
+
+def test_max_requests_counts_only_the_rejected_rows_among_the_kept(tmp_path):
+    """Finding 2: 100 requests kept used to report every bad row of the whole file."""
+    f = _mixed(tmp_path, 2000)
+    reqs, rejected = build_requests(trace_cfg(f, lenient=True, max_requests=100), 0)
+    assert [r.id for r in reqs] == list(range(0, 200, 2))
+    assert [i for i, *_ in rejected] == list(range(1, 198, 2))  # row 199 lies after the 100th request
+    assert len(build_requests(trace_cfg(f, lenient=True), 0)[1]) == 1000  # no selection: every row counts
+
+
+def test_a_window_counts_rejected_rows_by_time_or_else_by_place(tmp_path):
+    f = tmp_path / "w.csv"
+    f.write_text(HEADER +
+                 "2023-11-16 18:00:00.0,10,5\n"   # 2: t=0, before the window
+                 "2023-11-16 18:00:01.0,0,5\n"    # 3: bad, t=1: before the window by its time
+                 "garbage,10,5\n"                 # 4: bad, no time: between t=0 and t=4, inside by place
+                 "2023-11-16 18:00:04.0,10,5\n"   # 5: t=4, kept
+                 "2023-11-16 18:00:05.0,0,5\n"    # 6: bad, t=5: inside by time
+                 "2023-11-16 18:00:06.0,10,5\n"   # 7: t=6, kept
+                 "2023-11-16 18:00:07.0,10,0\n"   # 8: bad, t=7: inside by time (after the last kept)
+                 "also garbage,10,5\n"            # 9: bad, no time: before the first request after the window
+                 "2023-11-16 18:00:09.0,10,5\n"   # 10: t=9, after the window
+                 "garbage again,10,5\n"           # 11: bad, no time, after the window
+                 "2023-11-16 18:00:09.5,0,5\n")   # 12: bad, t=9.5, after the window
+    reqs, rejected = build_requests(trace_cfg(f, lenient=True, start_s=2.0, end_s=8.0), 0)
+    assert [r.id for r in reqs] == [3, 5] and [r.arrival for r in reqs] == [2.0, 4.0]
+    assert [src for _, src, _ in rejected] == ["w.csv:4", "w.csv:6", "w.csv:8", "w.csv:9"]
+    # and max_requests=1 cuts the window after its first request (line 5)
+    _, rejected = build_requests(trace_cfg(f, lenient=True, start_s=2.0, end_s=8.0, max_requests=1), 0)
+    assert [src for _, src, _ in rejected] == ["w.csv:4"]
+
+
+def test_rejected_rows_carry_their_time_when_it_is_known(tmp_path):
+    from testbed import traces
+
+    load = traces.load_azure(_mixed(tmp_path, 4), lenient=True)
+    assert [(r.id, r.arrival) for r in load.rejected] == [(1, 1.0), (3, 3.0)]
+    f = tmp_path / "g.csv"
+    f.write_text(HEADER + "2023-11-16 18:00:00.0,10,5\nnope,1,1\n2023-11-16 17:00:00.0,1,1\n")
+    assert [r.arrival for r in traces.load_azure(f, lenient=True).rejected] == [None, None]

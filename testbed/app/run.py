@@ -55,7 +55,6 @@ def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple
         load = traces.load_trace(tc.path, tc.format, columns=dict(tc.columns) or None,
                                  time_unit=tc.time_unit, lenient=tc.lenient)
         reqs = load.requests
-        rejected = [(r.id, f"{r.file}:{r.line}", f"invalid-row: field {r.field}: {r.reason}") for r in load.rejected]
     elif tc.kind in ("poisson", "gamma"):
         if tc.lengths_from:
             lengths = traces.load_trace(tc.lengths_from, tc.lengths_format).requests
@@ -73,6 +72,9 @@ def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple
         reqs = traces.time_window(reqs, tc.start_s or 0.0, tc.end_s if tc.end_s is not None else float("inf"))
     if tc.max_requests is not None:
         reqs = traces.first_n(reqs, tc.max_requests)
+    if load is not None:  # only the bad rows inside the selection count against it
+        rejected = [(r.id, f"{r.file}:{r.line}", f"invalid-row: field {r.field}: {r.reason}") for r in
+                    traces.rejected_in_selection(load.rejected, load.requests, reqs, tc.start_s, tc.end_s)]
     if tc.rate_scale != 1.0:
         reqs = traces.scale_rate(reqs, tc.rate_scale)
     if tc.max_prompt_len is not None or tc.max_output_len is not None:

@@ -613,11 +613,6 @@ def _load_rows(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenie
         i = int(bad_idx[0])
         fld, reason = probs.describe(i)
         raise TraceError(where, lines[i], fld, reason)
-    rejected = []
-    for i in bad_idx.tolist():
-        fld, reason = probs.describe(i)
-        rejected.append(RejectedRow(i, name, lines[i], fld, reason))
-
     # time origin: the first row whose time is valid (row 0 in strict mode)
     arrival = np.zeros(n, dtype=np.float64)
     if t_valid.any():
@@ -626,6 +621,10 @@ def _load_rows(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenie
             arrival = (t - t0) / 1e9
         else:
             arrival = (t - t0) / TIME_UNITS[time_unit]
+    rejected = []
+    for i in bad_idx.tolist():
+        fld, reason = probs.describe(i)
+        rejected.append(RejectedRow(i, name, lines[i], fld, reason, float(arrival[i]) if t_valid[i] else None))
     keep = np.flatnonzero(~bad)
     ids = keep.tolist()
     args = [ids, arrival[keep].tolist(), prompt[keep].tolist(), output[keep].tolist()]
