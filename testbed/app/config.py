@@ -22,7 +22,8 @@ from testbed.core.specs import HardwareSpec, ModelSpec
 class TraceConfig:
     """Where requests come from, and how the trace is transformed before replay.
 
-    kind=file replays `path` (format azure, mooncake, csv or jsonl); kind=poisson or
+    kind=file replays `path` (format azure, mooncake, csv, jsonl or parquet; a .parquet
+    suffix reads Parquet, a .gz/.zst/.zstd one decompresses); kind=poisson or
     gamma generates arrivals at `rate` (gamma with burstiness `cv`), with lengths fixed
     (`prompt_len`, `output_len`) or sampled from the trace at `lengths_from`.
     """
@@ -43,7 +44,8 @@ class TraceConfig:
     output_len: Optional[int] = None
     lengths_from: Optional[str] = None
     lengths_format: str = "azure"
-    # transforms, applied in this order: window, first N, rate scale, length caps
+    # transforms, applied in this order: window, first N, rate scale, length caps. Under lenient
+    # loading only the rejected rows inside the window / first N count (traces.rejected_in_selection)
     start_s: Optional[float] = None
     end_s: Optional[float] = None
     max_requests: Optional[int] = None

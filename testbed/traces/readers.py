@@ -1,0 +1,257 @@
+"""Trace containers -> a table of raw cells, each row with the line (or row) it came from.
+
+Why it is built this way:
+
+* **pyarrow does the reading** wherever it can still say where a row came from. A CSV is
+  parsed by `pyarrow.csv` in C, only the mapped columns, every cell kept as text so the
+  loader judges it (and quotes it in an error) exactly as written; a Parquet file is read
+  by `pyarrow.parquet`, again only the mapped columns; gzip and zstd streams (``.gz``,
+  ``.zst``, ``.zstd``) are decompressed by pyarrow.
+* **Line numbers come from one numpy pass over the bytes**: the positions of the newlines
+  that end records (a newline inside a quoted field does not: an even number of quotes
+  precedes a record's end) give every record's first line, and the delimiters outside
+  quotes give its field count. pyarrow drops empty lines, so its rows map one to one onto
+  the non-blank records after the header, as long as every record is as wide as the header.
+* **A file that does not fit that picture** (a row wider or narrower than the header, a
+  whitespace-only line where pyarrow would see a row, a stray quote, text that is not
+  UTF-8) is read by the standard library instead, line by line, which reports any such
+  row exactly; only malformed files pay for it. JSONL is read line by line (`json.loads`):
+  a row there may be anything, and each must be judged on its own.
+* **Parquet rows have no lines**: their "line" is the 1-based row number, and problems
+  with the file as a whole are reported at row 1.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+
+from testbed.traces.errors import TraceError
+
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}  # file suffix -> pyarrow codec
+ROW = "<row>"  # the pseudo-field of row-level problems
+Cells = Union[list, pa.Array]  # a column's cells: Python values (line by line) or a pyarrow array
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass
+class Table:
+    """A file's data rows as raw cells, by column, with where each row came from.
+
+    `cells(col)` is a list of Python values (str for CSV, JSON values, None where absent)
+    or a pyarrow array; only the requested columns are kept. `fixed_columns` is true
+    where every row has the same columns (CSV, Parquet), false for JSONL, whose keys vary
+    by row.
+    """
+
+    header: list[str]
+    header_line: int
+    lines: np.ndarray  # per data row: the editor line its record starts on, or its 1-based row number
+    columns: dict[str, Cells]
+    row_errors: dict[int, str] = field(default_factory=dict)  # row index -> reason (field "<row>")
+    duplicates: set[str] = field(default_factory=set)  # columns named twice in the header
+    fixed_columns: bool = True
+
+    @property
+    def rows(self) -> int:
+        return len(self.lines)
+
+    def has(self, col: str) -> bool:
+        return col in self.columns
+
+    def cells(self, col: str) -> Cells:
+        return self.columns[col]
+
+
+def value(cells: Cells, i: int):
+    """The Python value of one cell (for messages: a bad row's cell as the file wrote it)."""
+    return cells[i].as_py() if isinstance(cells, pa.Array) else cells[i]
+
+
+def pylist(cells: Cells) -> list:
+    return cells.to_pylist() if isinstance(cells, pa.Array) else cells
+
+
+def compression(p: Path) -> str | None:
+    return COMPRESSIONS.get(p.suffix.lower())
+
+
+def read_bytes(p: Path) -> bytes:
+    """The file's content, decompressed when its suffix names a codec."""
+    codec = compression(p)
+    if codec is None:
+        return p.read_bytes()
+    try:
+        with pa.input_stream(str(p), compression=codec) as f:
+            return f.read()
+    except (OSError, pa.ArrowInvalid) as e:
+        raise TraceError(str(p), 1, ROW, f"cannot decompress it as {codec}: {e}") from None
+
+
+def _header_index(header: list[str]) -> tuple[dict[str, int], set[str]]:
+    """Column -> position (of its first occurrence), and the names that occur twice."""
+    index: dict[str, int] = {}
+    for j, h in enumerate(header):
+        index.setdefault(h, j)
+    return index, {h for j, h in enumerate(header) if index[h] != j}
+
+
+# ----------------------------------------------------------------------------- CSV
+
+def read_csv(p: Path, delimiter: str, wanted: list[str]) -> Table:
+    data = read_bytes(p)
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TraceError(str(p), data[:e.start].count(b"\n") + 1, ROW, f"not UTF-8 text ({e.reason})") from None
+    if data.startswith(_BOM):
+        data = data[len(_BOM):]
+    fast = _read_csv_arrow(p, data, delimiter, wanted) if len(delimiter.encode()) == 1 else None
+    return fast if fast is not None else _read_csv_python(p, data.decode("utf-8"), delimiter, wanted)
+
+
+def _records(b: np.ndarray, delimiter: int, quoted: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each record's start and end offsets, first line, and number of fields."""
+    newlines = np.flatnonzero(b == 10)
+    if quoted:  # a newline or delimiter inside quotes is data: an odd number of quotes precedes it
+        quotes = np.flatnonzero(b == 34)
+        ending = np.flatnonzero(np.searchsorted(quotes, newlines) % 2 == 0)
+    else:
+        ending = np.arange(len(newlines))
+    ends = newlines[ending]
+    first_lines = np.concatenate([[1], ending + 2])
+    if len(b) and b[-1] != 10:  # a last record without its newline
+        ends = np.append(ends, len(b))
+    else:
+        first_lines = first_lines[:-1]
+    starts = np.concatenate([[0], ends + 1])[:len(ends)].astype(np.int64)
+    delims = np.flatnonzero(b == delimiter)
+    if quoted:
+        delims = delims[np.searchsorted(quotes, delims) % 2 == 0]
+    fields = np.searchsorted(delims, ends) - np.searchsorted(delims, starts) + 1
+    return starts, ends, first_lines, fields
+
+
+def _read_csv_arrow(p: Path, data: bytes, delimiter: str, wanted: list[str]) -> Table | None:
+    """pyarrow's parse of a well-formed CSV, or None where the file needs the line-by-line reader."""
+    b = np.frombuffer(data, dtype=np.uint8)
+    quoted = b'"' in data
+    starts, ends, first_lines, fields = _records(b, ord(delimiter), quoted)
+    length = ends - starts
+    blank = (length == 0) | ((length == 1) & (b[np.minimum(starts, max(len(b) - 1, 0))] == 13))
+    for k in np.flatnonzero((fields == 1) & ~blank):  # one field: blank if it is only whitespace
+        blank[k] = not data[starts[k]:ends[k]].strip()
+    records = np.flatnonzero(~blank)
+    if not len(records):
+        raise TraceError(str(p), 1, "<header>", "the file is empty: expected a header line naming the columns")
+    h = records[0]
+    header = [c.strip() for c in next(csv.reader([data[starts[h]:ends[h]].decode("utf-8")], delimiter=delimiter))]
+    rows = records[1:]
+    if (fields[rows] != len(header)).any() or len(header) != fields[h]:
+        return None  # ragged rows: the line-by-line reader reports each exactly
+    index, duplicates = _header_index(header)
+    take = {c: index[c] for c in wanted if c in index}
+    if not len(rows):
+        return Table(header, int(first_lines[h]), first_lines[rows], {c: [] for c in take}, {}, duplicates)
+    names = [f"f{j}" for j in range(len(header))]
+    body = pa.py_buffer(data)[int(ends[h]) + 1:]
+    try:
+        table = pcsv.read_csv(
+            body, read_options=pcsv.ReadOptions(column_names=names),
+            parse_options=pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=quoted, ignore_empty_lines=True,
+                                            invalid_row_handler=_skip_whitespace_row),
+            convert_options=pcsv.ConvertOptions(include_columns=sorted({names[j] for j in take.values()}),
+                                                column_types={n: pa.string() for n in names}, null_values=[],
+                                                strings_can_be_null=False, quoted_strings_can_be_null=False))
+    except pa.ArrowInvalid:
+        return None
+    if table.num_rows != len(rows):
+        return None  # a stray quote: pyarrow and the scan disagree on the records
+    columns = {c: table.column(names[j]).combine_chunks() for c, j in take.items()}
+    return Table(header, int(first_lines[h]), first_lines[rows], columns, {}, duplicates)
+
+
+def _skip_whitespace_row(row) -> str:
+    return "skip" if row.actual_columns == 1 and not (row.text or "").strip() else "error"
+
+
+def _read_csv_python(p: Path, text: str, delimiter: str, wanted: list[str]) -> Table:
+    """The standard library's csv reader, record by record: slow, but exact for any file."""
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    rows, prev = [], 0
+    try:
+        for rec in reader:
+            start, prev = prev + 1, reader.line_num
+            if rec and not (len(rec) == 1 and not rec[0].strip()):
+                rows.append((start, rec))
+    except csv.Error as e:
+        raise TraceError(str(p), prev + 1, ROW, f"malformed CSV: {e}") from None
+    if not rows:
+        raise TraceError(str(p), 1, "<header>", "the file is empty: expected a header line naming the columns")
+    header_line, header = rows[0]
+    header = [h.strip() for h in header]
+    records = [rec for _, rec in rows[1:]]
+    row_errors = {k: f"{len(rec)} fields, but the header (line {header_line}) names {len(header)}"
+                  for k, rec in enumerate(records) if len(rec) > len(header)}
+    index, duplicates = _header_index(header)
+    columns = {c: [r[index[c]] if index[c] < len(r) else None for r in records] for c in wanted if c in index}
+    return Table(header, header_line, np.array([line for line, _ in rows[1:]], dtype=np.int64), columns, row_errors,
+                 duplicates)
+
+
+# ----------------------------------------------------------------------------- JSONL
+
+def read_jsonl(p: Path, wanted: list[str]) -> Table:
+    lines, records, row_errors = [], [], {}
+    for lineno, text in enumerate(io.BytesIO(read_bytes(p)), 1):
+        if not text.strip():
+            continue
+        k = len(records)
+        lines.append(lineno)
+        try:
+            obj = json.loads(text)
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+            records.append({})
+            row_errors[k] = f"invalid JSON: {getattr(e, 'msg', e)}" + (
+                f" (column {e.colno})" if isinstance(e, json.JSONDecodeError) else "")
+            continue
+        if not isinstance(obj, dict):
+            records.append({})
+            row_errors[k] = f"expected a JSON object, got {type(obj).__name__}"
+            continue
+        records.append(obj)
+    header = list(dict.fromkeys(k for r in records for k in r))
+    columns = {c: [r.get(c) for r in records] for c in wanted if c in header}
+    return Table(header, 1, np.array(lines, dtype=np.int64), columns, row_errors, fixed_columns=False)
+
+
+# ----------------------------------------------------------------------------- Parquet
+
+def read_parquet(p: Path, wanted: list[str]) -> Table:
+    try:
+        f = pq.ParquetFile(p)
+        header = f.schema_arrow.names
+        index, duplicates = _header_index(header)
+        present = [c for c in dict.fromkeys(wanted) if c in index and c not in duplicates]
+        table = f.read(columns=present)
+    except (OSError, pa.ArrowException) as e:
+        raise TraceError(str(p), 1, ROW, f"not a readable Parquet file: {e}") from None
+    columns = {c: _plain(table.column(c).combine_chunks()) for c in present}
+    return Table(header, 1, np.arange(1, table.num_rows + 1, dtype=np.int64), columns, {}, duplicates)
+
+
+def _plain(arr: pa.Array) -> pa.Array:
+    """Dictionary-encoded and large/view string columns as plain ones, so one code path reads them."""
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if pa.types.is_large_string(arr.type) or pa.types.is_string_view(arr.type):
+        arr = arr.cast(pa.string())
+    return arr
