@@ -4,7 +4,8 @@ Usage: python experiments/benchmarks/trace_load.py [--rows 1000000] [--keep DIR]
 
 Writes a trace of `--rows` Azure-schema rows (TIMESTAMP with 7 fractional digits,
 ContextTokens, GeneratedTokens; arrivals ~0.2 s apart) into a temporary folder as CSV,
-gzip-compressed CSV, zstd-compressed CSV and Parquet, then loads each one with
+gzip-compressed CSV, zstd-compressed CSV and Parquet, and a CSV whose every 1000th row has
+a field too many or too few (loaded leniently), then loads each one with
 `testbed.traces.load_azure` in a fresh Python process and prints the file's size, the
 load's wall time, and the process's resident memory (Linux /proc/self/status) before the
 load (imports done), at its peak (VmHWM, reset just before), and after it (what the
@@ -43,6 +44,11 @@ def write_traces(folder: Path, rows: int) -> dict[str, Path]:
         with pa.CompressedOutputStream(str(files[key]), codec) as out:
             out.write(files["csv"].read_bytes())
     pq.write_table(table, files["parquet"])
+    lines = files["csv"].read_bytes().split(b"\n")
+    for k in range(1, len(lines) - 1, 1000):  # every 1000th row one field too many or too few
+        lines[k] = lines[k] + b",x" if k % 2000 == 1 else lines[k].rsplit(b",", 1)[0]
+    files["csv ragged"] = folder / "ragged.csv"
+    files["csv ragged"].write_bytes(b"\n".join(lines))
     return files
 
 
@@ -53,17 +59,17 @@ def _status_mib(key: str) -> float:
     return float("nan")
 
 
-def measure(path: Path) -> dict:
+def measure(path: Path, lenient: bool) -> dict:
     """Run in a child process: load `path`, report time and memory (Linux: /proc/self/status)."""
     from testbed import traces
 
     Path("/proc/self/clear_refs").write_text("5")  # restart the peak (VmHWM) from the current size
     before = _status_mib("VmRSS")
     t = time.perf_counter()
-    load = traces.load_azure(path)
+    load = traces.load_azure(path, lenient=lenient)
     wall = time.perf_counter() - t
     peak = _status_mib("VmHWM")
-    return {"rows": load.rows, "requests": len(load.requests), "wall_s": wall, "before_mib": before,
+    return {"rows": load.rows, "requests": len(load.requests), "rejected": len(load.rejected), "wall_s": wall, "before_mib": before,
             "peak_mib": peak, "load_mib": peak - before, "kept_mib": _status_mib("VmRSS") - before}
 
 
@@ -72,9 +78,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--keep", type=Path, help="write the traces here and keep them (default: a temporary folder)")
     ap.add_argument("--measure", type=Path, help=argparse.SUPPRESS)  # the child process's job
+    ap.add_argument("--lenient", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure:
-        print(json.dumps(measure(args.measure)))
+        print(json.dumps(measure(args.measure, args.lenient)))
         return
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp)
@@ -83,16 +90,18 @@ def main() -> None:
         files = write_traces(folder, args.rows)
         print(f"{platform.processor() or platform.machine()}, python {platform.python_version()}, "
               f"pyarrow {pa.__version__}; {args.rows:,} rows written in {time.perf_counter() - t:.1f} s")
-        print(f"{'container':<10} {'file MiB':>9} {'load s':>8} {'RSS before':>11} {'peak':>7} {'peak-before':>12} "
+        print(f"{'container':<11} {'file MiB':>9} {'load s':>8} {'RSS before':>11} {'peak':>7} {'peak-before':>12} "
               f"{'after-before':>13}   (MiB)")
         for key, path in files.items():
-            out = subprocess.run([sys.executable, __file__, "--measure", str(path)], capture_output=True, text=True)
+            lenient = ["--lenient"] if key == "csv ragged" else []
+            out = subprocess.run([sys.executable, __file__, "--measure", str(path), *lenient], capture_output=True,
+                                 text=True)
             if out.returncode:
-                print(f"{key:<10} failed: {out.stderr.strip().splitlines()[-1]}")
+                print(f"{key:<11} failed: {out.stderr.strip().splitlines()[-1]}")
                 continue
             m = json.loads(out.stdout)
-            assert m["rows"] == m["requests"] == args.rows, m
-            print(f"{key:<10} {path.stat().st_size / 2**20:>9.1f} {m['wall_s']:>8.2f} {m['before_mib']:>11.0f} "
+            assert m["rows"] == m["requests"] + m["rejected"] == args.rows and bool(m["rejected"]) == bool(lenient), m
+            print(f"{key:<11} {path.stat().st_size / 2**20:>9.1f} {m['wall_s']:>8.2f} {m['before_mib']:>11.0f} "
                   f"{m['peak_mib']:>7.0f} {m['load_mib']:>12.0f} {m['kept_mib']:>13.0f}")
 
 

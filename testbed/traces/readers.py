@@ -12,10 +12,10 @@ Why it is built this way:
   precedes a record's end) give every record's first line, and the delimiters outside
   quotes give its field count. pyarrow drops empty lines, so its rows map one to one onto
   the non-blank records after the header, as long as every record is as wide as the header.
-* **A file that does not fit that picture** (a row wider or narrower than the header, a
-  whitespace-only line where pyarrow would see a row, a stray quote, text that is not
-  UTF-8) is read by the standard library instead, line by line, which reports any such
-  row exactly; only malformed files pay for it. JSONL is read line by line (`json.loads`):
+* **Rows that do not fit** (wider or narrower than the header, whitespace-only lines) are
+  skipped by pyarrow and read one by one by the standard library's csv module, which
+  reports each exactly. A file pyarrow and the scan disagree on (a stray quote inside an
+  unquoted field) is read wholly by the csv module; only such files pay for it. JSONL is read line by line (`json.loads`):
   a row there may be anything, and each must be judged on its own.
 * **Parquet rows have no lines**: their "line" is the 1-based row number, and problems
   with the file as a whole are reported at row 1.
@@ -141,7 +141,11 @@ def _records(b: np.ndarray, delimiter: int, quoted: bool) -> tuple[np.ndarray, n
 
 
 def _read_csv_arrow(p: Path, data: bytes, delimiter: str, wanted: list[str]) -> Table | None:
-    """pyarrow's parse of a well-formed CSV, or None where the file needs the line-by-line reader."""
+    """pyarrow's parse of a CSV, or None where the file needs the line-by-line reader.
+
+    Rows wider or narrower than the header (few, in any file worth loading) are skipped by
+    pyarrow and read one by one by the csv module, so a bad row costs the fast path nothing.
+    """
     b = np.frombuffer(data, dtype=np.uint8)
     quoted = b'"' in data
     starts, ends, first_lines, fields = _records(b, ord(delimiter), quoted)
@@ -152,35 +156,49 @@ def _read_csv_arrow(p: Path, data: bytes, delimiter: str, wanted: list[str]) -> 
     records = np.flatnonzero(~blank)
     if not len(records):
         raise TraceError(str(p), 1, "<header>", "the file is empty: expected a header line naming the columns")
-    h = records[0]
+    h, rows = records[0], records[1:]
     header = [c.strip() for c in next(csv.reader([data[starts[h]:ends[h]].decode("utf-8")], delimiter=delimiter))]
-    rows = records[1:]
-    if (fields[rows] != len(header)).any() or len(header) != fields[h]:
-        return None  # ragged rows: the line-by-line reader reports each exactly
+    width, header_line = len(header), int(first_lines[h])
+    if width != fields[h]:
+        return None  # a quoted newline in the header: leave it to the csv module
     index, duplicates = _header_index(header)
     take = {c: index[c] for c in wanted if c in index}
     if not len(rows):
-        return Table(header, int(first_lines[h]), first_lines[rows], {c: [] for c in take}, {}, duplicates)
-    names = [f"f{j}" for j in range(len(header))]
-    body = pa.py_buffer(data)[int(ends[h]) + 1:]
+        return Table(header, header_line, first_lines[rows], {c: [] for c in take}, {}, duplicates)
+    odd = fields[rows] != width
+    names = [f"f{j}" for j in range(width)]
     try:
         table = pcsv.read_csv(
-            body, read_options=pcsv.ReadOptions(column_names=names),
+            pa.py_buffer(data)[int(ends[h]) + 1:], read_options=pcsv.ReadOptions(column_names=names),
             parse_options=pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=quoted, ignore_empty_lines=True,
-                                            invalid_row_handler=_skip_whitespace_row),
+                                            invalid_row_handler=lambda row: "skip" if row.actual_columns != width
+                                            else "error"),
             convert_options=pcsv.ConvertOptions(include_columns=sorted({names[j] for j in take.values()}),
                                                 column_types={n: pa.string() for n in names}, null_values=[],
                                                 strings_can_be_null=False, quoted_strings_can_be_null=False))
     except pa.ArrowInvalid:
         return None
-    if table.num_rows != len(rows):
+    if table.num_rows != len(rows) - odd.sum():
         return None  # a stray quote: pyarrow and the scan disagree on the records
     columns = {c: table.column(names[j]).combine_chunks() for c, j in take.items()}
-    return Table(header, int(first_lines[h]), first_lines[rows], columns, {}, duplicates)
+    row_errors = {}
+    if odd.any():
+        odd_rows = np.flatnonzero(odd)
+        recs = [next(csv.reader(io.StringIO(data[starts[r]:ends[r]].decode("utf-8"), newline=""), delimiter=delimiter))
+                for r in rows[odd_rows].tolist()]
+        row_errors = {int(k): _too_many(len(rec), header_line, width) for k, rec in zip(odd_rows, recs)
+                      if len(rec) > width}
+        order = np.empty(len(rows), dtype=np.int64)  # row -> its place in (pyarrow's rows + the odd ones)
+        order[~odd] = np.arange(table.num_rows)
+        order[odd_rows] = table.num_rows + np.arange(len(odd_rows))
+        for c, j in take.items():
+            extra = pa.array([rec[j] if j < len(rec) else None for rec in recs], pa.string())
+            columns[c] = pa.concat_arrays([columns[c], extra]).take(pa.array(order))
+    return Table(header, header_line, first_lines[rows], columns, row_errors, duplicates)
 
 
-def _skip_whitespace_row(row) -> str:
-    return "skip" if row.actual_columns == 1 and not (row.text or "").strip() else "error"
+def _too_many(fields: int, header_line: int, width: int) -> str:
+    return f"{fields} fields, but the header (line {header_line}) names {width}"
 
 
 def _read_csv_python(p: Path, text: str, delimiter: str, wanted: list[str]) -> Table:
@@ -199,8 +217,8 @@ def _read_csv_python(p: Path, text: str, delimiter: str, wanted: list[str]) -> T
     header_line, header = rows[0]
     header = [h.strip() for h in header]
     records = [rec for _, rec in rows[1:]]
-    row_errors = {k: f"{len(rec)} fields, but the header (line {header_line}) names {len(header)}"
-                  for k, rec in enumerate(records) if len(rec) > len(header)}
+    row_errors = {k: _too_many(len(rec), header_line, len(header)) for k, rec in enumerate(records)
+                  if len(rec) > len(header)}
     index, duplicates = _header_index(header)
     columns = {c: [r[index[c]] if index[c] < len(r) else None for r in records] for c in wanted if c in index}
     return Table(header, header_line, np.array([line for line, _ in rows[1:]], dtype=np.int64), columns, row_errors,
