@@ -149,3 +149,35 @@ def test_pyarrow_csv_rows_keep_their_lines(tmp_path, rows, crlf, bom, last_newli
     assert fast.lines.tolist() == slow.lines.tolist() and fast.header_line == slow.header_line
     assert {c: readers.pylist(v) for c, v in fast.columns.items()} == slow.columns
     assert fast.row_errors == slow.row_errors
+
+
+_JSON_VALUE = st.sampled_from([0, 5, -3, 2.5, 8.0, "6", "", None, True, [1, 2], [], 2**60, "x"])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.one_of(st.dictionaries(st.sampled_from(["t", "p", "h"]), _JSON_VALUE),
+                               st.sampled_from(["", "  ", "[1]", "{bad", '{"t": 1, "t": 2}'])), max_size=8),
+       crlf=st.booleans())
+def test_pyarrow_json_rows_keep_their_lines_and_values(tmp_path, rows, crlf):
+    """pyarrow.json's parse, where it is taken, gives every row the line and the values
+    (quoted as json.loads reads them) that the line-by-line reader gives."""
+    from testbed.traces import readers
+
+    text = "\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n"
+    data = (text.replace("\n", "\r\n") if crlf else text).encode()
+    roles = {"h": {"hashes"}}
+    fast = readers._read_jsonl_arrow(data, ["t", "p", "h"], roles)
+    slow = readers._read_jsonl_python(data, ["t", "p", "h"])
+    if fast is None:  # a row pyarrow cannot read as json.loads does: the line-by-line reader's job
+        return
+    assert fast.lines.tolist() == slow.lines.tolist() and fast.header == slow.header
+    for c, cells in fast.columns.items():
+        assert [readers.value(cells, i) for i in range(fast.rows)] == slow.columns[c]
+
+
+def test_mooncake_is_read_by_pyarrow():
+    from testbed.traces import readers
+
+    table = readers.read_jsonl(traces.bundled_path("mooncake_synthetic/synthetic_trace.jsonl"),
+                               ["timestamp", "input_length", "output_length", "hash_ids"], {"hash_ids": {"hashes"}})
+    assert all(isinstance(c, pa.Array) for c in table.columns.values()) and table.rows == 3_993

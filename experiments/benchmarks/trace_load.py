@@ -4,9 +4,10 @@ Usage: python experiments/benchmarks/trace_load.py [--rows 1000000] [--keep DIR]
 
 Writes a trace of `--rows` Azure-schema rows (TIMESTAMP with 7 fractional digits,
 ContextTokens, GeneratedTokens; arrivals ~0.2 s apart) into a temporary folder as CSV,
-gzip-compressed CSV, zstd-compressed CSV and Parquet, and a CSV whose every 1000th row has
-a field too many or too few (loaded leniently), then loads each one with
-`testbed.traces.load_azure` in a fresh Python process and prints the file's size, the
+gzip-compressed CSV, zstd-compressed CSV and Parquet, a CSV whose every 1000th row has a
+field too many or too few (loaded leniently), and JSON lines in Mooncake's shape (integer
+milliseconds, no hashes), then loads each one (`testbed.traces.load_azure`; `load_table`
+for the JSONL) in a fresh Python process and prints the file's size, the
 load's wall time, and the process's resident memory (Linux /proc/self/status) before the
 load (imports done), at its peak (VmHWM, reset just before), and after it (what the
 TraceLoad itself holds: a million `Request` objects). A fresh process per load keeps one
@@ -49,6 +50,10 @@ def write_traces(folder: Path, rows: int) -> dict[str, Path]:
         lines[k] = lines[k] + b",x" if k % 2000 == 1 else lines[k].rsplit(b",", 1)[0]
     files["csv ragged"] = folder / "ragged.csv"
     files["csv ragged"].write_bytes(b"\n".join(lines))
+    ms = (np.cumsum(gaps) // 1_000_000).tolist()  # Mooncake's shape: integer milliseconds
+    files["jsonl"] = folder / "trace.jsonl"
+    files["jsonl"].write_text("".join(f'{{"timestamp": {t}, "input_length": {p}, "output_length": {o}}}\n' for t, p, o in
+                                      zip(ms, table["ContextTokens"].to_pylist(), table["GeneratedTokens"].to_pylist())))
     return files
 
 
@@ -66,7 +71,11 @@ def measure(path: Path, lenient: bool) -> dict:
     Path("/proc/self/clear_refs").write_text("5")  # restart the peak (VmHWM) from the current size
     before = _status_mib("VmRSS")
     t = time.perf_counter()
-    load = traces.load_azure(path, lenient=lenient)
+    if path.suffix == ".jsonl":
+        load = traces.load_table(path, columns={"arrival": "timestamp", "prompt_len": "input_length",
+                                                "output_len": "output_length"}, time_unit="ms", lenient=lenient)
+    else:
+        load = traces.load_azure(path, lenient=lenient)
     wall = time.perf_counter() - t
     peak = _status_mib("VmHWM")
     return {"rows": load.rows, "requests": len(load.requests), "rejected": len(load.rejected), "wall_s": wall, "before_mib": before,

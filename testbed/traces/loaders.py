@@ -56,7 +56,8 @@ import pyarrow.compute as pc
 
 from testbed.core.request import Request
 from testbed.traces.errors import RejectedRow, TraceError
-from testbed.traces.readers import COMPRESSIONS, ROW, Cells, pylist, read_csv, read_jsonl, read_parquet, value
+from testbed.traces.readers import (COMPRESSIONS, ROW, Cells, pylist, read_csv, read_jsonl, read_parquet, unwrap,
+                                    value)
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TABLE_FORMATS = ("csv", "jsonl", "parquet")  # read through a column mapping
@@ -275,6 +276,7 @@ def _numbers(vals: Cells) -> np.ndarray:
     Text is read as Python's float() reads it; pyarrow parses the plain decimals (nearly
     every cell), Python the rest (blanks, padding, words), which are few.
     """
+    vals = unwrap(vals)
     if isinstance(vals, pa.Array):
         t = vals.type
         if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
@@ -332,6 +334,7 @@ _DATETIME_HELP = "expected YYYY-MM-DD HH:MM:SS[.fffffffff], optionally with a Z 
 def _datetimes_ns(raw: Cells) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exact integer nanoseconds (UTC where an offset is given), a valid mask, an offset-given mask."""
     n = len(raw)
+    raw = unwrap(raw)
     if isinstance(raw, pa.Array):
         if pa.types.is_timestamp(raw.type):  # Parquet's own timestamps: exact, UTC when zoned
             try:
@@ -495,6 +498,15 @@ def _check_mapping(columns: Mapping[str, str], time_unit: str) -> dict[str, str]
     return cols
 
 
+def _roles(cols: dict[str, str]) -> dict[str, set[str]]:
+    """Column -> how it is read (number, label, hashes): a JSON reader keeps its cells' types."""
+    roles: dict[str, set[str]] = {}
+    for key, col in cols.items():
+        roles.setdefault(col, set()).add({"prefix_hashes": "hashes", "tenant": "label", "slo_class": "label"}
+                                         .get(key, "number"))
+    return roles
+
+
 def _load(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenient: bool, *,
           delimiter: str = ",", block_tokens: int = 512) -> TraceLoad:
     # The load allocates ~10 objects a row and frees none of them until it returns: the cyclic
@@ -521,7 +533,7 @@ def _load_rows(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenie
     if fmt == "parquet" or p.suffix.lower() in PARQUET_SUFFIXES:
         raw = read_parquet(p, wanted)
     else:
-        raw = read_csv(p, delimiter, wanted) if fmt == "csv" else read_jsonl(p, wanted)
+        raw = read_csv(p, delimiter, wanted) if fmt == "csv" else read_jsonl(p, wanted, _roles(cols))
     n = raw.rows
     for key, col in cols.items():
         if col in raw.duplicates:

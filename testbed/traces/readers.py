@@ -5,7 +5,7 @@ Why it is built this way:
 * **pyarrow does the reading** wherever it can still say where a row came from. A CSV is
   parsed by `pyarrow.csv` in C, only the mapped columns, every cell kept as text so the
   loader judges it (and quotes it in an error) exactly as written; a Parquet file is read
-  by `pyarrow.parquet`, again only the mapped columns; gzip and zstd streams (``.gz``,
+  by `pyarrow.parquet`, again only the mapped columns; JSONL by `pyarrow.json`; gzip and zstd streams (``.gz``,
   ``.zst``, ``.zstd``) are decompressed by pyarrow.
 * **Line numbers come from one numpy pass over the bytes**: the positions of the newlines
   that end records (a newline inside a quoted field does not: an even number of quotes
@@ -15,8 +15,11 @@ Why it is built this way:
 * **Rows that do not fit** (wider or narrower than the header, whitespace-only lines) are
   skipped by pyarrow and read one by one by the standard library's csv module, which
   reports each exactly. A file pyarrow and the scan disagree on (a stray quote inside an
-  unquoted field) is read wholly by the csv module; only such files pay for it. JSONL is read line by line (`json.loads`):
-  a row there may be anything, and each must be judged on its own.
+  unquoted field) is read wholly by the csv module; only such files pay for it.
+* **JSONL** is parsed by `pyarrow.json` when every row is an object whose mapped values have
+  one JSON type per column (pyarrow skips blank lines as the scan does); otherwise (a line
+  that is not JSON or not an object, a key twice, a column mixing numbers and text) line by
+  line with `json.loads`, so each such row is judged on its own.
 * **Parquet rows have no lines**: their "line" is the 1-based row number, and problems
   with the file as a whole are reported at row 1.
 """
@@ -32,13 +35,14 @@ from typing import Union
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
+import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from testbed.traces.errors import TraceError
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}  # file suffix -> pyarrow codec
 ROW = "<row>"  # the pseudo-field of row-level problems
-Cells = Union[list, pa.Array]  # a column's cells: Python values (line by line) or a pyarrow array
+Cells = Union[list, pa.Array, "JsonNumbers"]  # a column's cells: Python values (line by line) or a pyarrow array
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -65,18 +69,42 @@ class Table:
         return len(self.lines)
 
     def has(self, col: str) -> bool:
-        return col in self.columns
+        return col in self.header
 
     def cells(self, col: str) -> Cells:
         return self.columns[col]
 
 
+@dataclass
+class JsonNumbers:
+    """A JSON column pyarrow read as float64, though some of its cells may be ints: computed
+    on as the array, but a cell quoted in a message is re-read from its own line, so a bad
+    row's 5 is quoted as 5 (json.loads' value), not as 5.0."""
+
+    array: pa.Array
+    key: str
+    data: bytes
+    starts: np.ndarray
+    ends: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+
 def value(cells: Cells, i: int):
     """The Python value of one cell (for messages: a bad row's cell as the file wrote it)."""
+    if isinstance(cells, JsonNumbers):
+        return json.loads(cells.data[cells.starts[i]:cells.ends[i]]).get(cells.key)
     return cells[i].as_py() if isinstance(cells, pa.Array) else cells[i]
 
 
+def unwrap(cells: Cells) -> list | pa.Array:
+    """The cells to compute on: a list or a pyarrow array."""
+    return cells.array if isinstance(cells, JsonNumbers) else cells
+
+
 def pylist(cells: Cells) -> list:
+    cells = unwrap(cells)
     return cells.to_pylist() if isinstance(cells, pa.Array) else cells
 
 
@@ -227,9 +255,58 @@ def _read_csv_python(p: Path, text: str, delimiter: str, wanted: list[str]) -> T
 
 # ----------------------------------------------------------------------------- JSONL
 
-def read_jsonl(p: Path, wanted: list[str]) -> Table:
+def read_jsonl(p: Path, wanted: list[str], roles: dict[str, set[str]] | None = None) -> Table:
+    """`roles`: column -> what it is read as (``number``, ``label``, ``hashes``; default number)."""
+    data = read_bytes(p)
+    fast = _read_jsonl_arrow(data, wanted, roles or {})
+    return fast if fast is not None else _read_jsonl_python(data, wanted)
+
+
+# the column types whose Python values are exactly json.loads': pyarrow promotes a column of
+# ints and floats to double, which for a label or a hash list would change the verdict
+_JSON_TYPES = {"number": {"int64", "double", "string", "null"}, "label": {"int64", "string", "null"},
+               "hashes": {"list<item: int64>", "list<item: null>", "null"}}
+_WHITESPACE = np.zeros(256, dtype=bool)
+_WHITESPACE[list(b" \t\n\r\x0b\x0c")] = True  # what bytes.strip() strips
+
+
+def _read_jsonl_arrow(data: bytes, wanted: list[str], roles: dict[str, set[str]]) -> Table | None:
+    """pyarrow.json's parse, or None where a row must be judged on its own (not JSON, not an
+    object, a key twice, a column mixing types) and the line-by-line reader takes over.
+
+    A number column mixing ints and floats is read as floats (the same values); its cells
+    are quoted from their lines (`JsonNumbers`).
+    """
+    b = np.frombuffer(data, dtype=np.uint8)
+    newlines = np.flatnonzero(b == 10)
+    starts = np.concatenate([[0], newlines + 1])
+    if len(b) and b[-1] == 10:
+        starts = starts[:-1]  # no line after the final newline
+    full = np.flatnonzero(starts < np.append(newlines, len(b))[:len(starts)])  # lines with any byte
+    nonblank = np.zeros(len(starts), dtype=bool)
+    if len(full):  # a segment runs to the next such line's start: only whitespace lies in between
+        nonblank[full] = np.logical_or.reduceat(~_WHITESPACE[b], starts[full])
+    try:
+        table = pj.read_json(pa.py_buffer(data))
+    except (pa.ArrowInvalid, ValueError):
+        return None
+    rows = np.flatnonzero(nonblank)
+    if table.num_rows != len(rows):
+        return None
+    columns: dict[str, Cells] = {}
+    for c in dict.fromkeys(wanted):
+        if c in table.schema.names:
+            arr = table.column(c).combine_chunks()
+            if not all(str(arr.type) in _JSON_TYPES[role] for role in roles.get(c, {"number"})):
+                return None
+            ends = np.append(newlines, len(b))
+            columns[c] = JsonNumbers(arr, c, data, starts[rows], ends[rows]) if pa.types.is_floating(arr.type) else arr
+    return Table(table.schema.names, 1, (rows + 1).astype(np.int64), columns, fixed_columns=False)
+
+
+def _read_jsonl_python(data: bytes, wanted: list[str]) -> Table:
     lines, records, row_errors = [], [], {}
-    for lineno, text in enumerate(io.BytesIO(read_bytes(p)), 1):
+    for lineno, text in enumerate(io.BytesIO(data), 1):
         if not text.strip():
             continue
         k = len(records)
@@ -247,7 +324,7 @@ def read_jsonl(p: Path, wanted: list[str]) -> Table:
             continue
         records.append(obj)
     header = list(dict.fromkeys(k for r in records for k in r))
-    columns = {c: [r.get(c) for r in records] for c in wanted if c in header}
+    columns = {c: [r.get(c) for r in records] for c in wanted}  # a key no row has: all None
     return Table(header, 1, np.array(lines, dtype=np.int64), columns, row_errors, fixed_columns=False)
 
 
