@@ -104,8 +104,9 @@ def test_parquet_by_suffix_schema_errors_and_a_file_that_is_not_parquet(tmp_path
     assert traces.load_trace(f, "azure").requests[1].arrival == pytest.approx(4.314579, abs=1e-9)
     assert traces.load_table(f, columns={"arrival": "TIMESTAMP", "prompt_len": "ContextTokens",
                                          "output_len": "GeneratedTokens"}, time_unit="datetime", format="csv").rows == 4
-    with pytest.raises(TraceError, match=r"az\.parquet:1: field 'time': no column 'time'.*'TIMESTAMP', 'ContextTokens'"):
-        traces.load_table(f, columns={"arrival": "time", "prompt_len": "ContextTokens", "output_len": "GeneratedTokens"})
+    with pytest.raises(TraceError, match=r"az\.parquet:1: field 'time': no column 'time'.*'TIMESTAMP', 'Context"):
+        traces.load_table(f, columns={"arrival": "time", "prompt_len": "ContextTokens",
+                                      "output_len": "GeneratedTokens"})
     fake = tmp_path / "fake.parquet"
     fake.write_text(HEADER)
     with pytest.raises(TraceError, match=r"fake\.parquet:1: .*not a readable Parquet file"):
@@ -137,7 +138,8 @@ def test_pyarrow_csv_rows_keep_their_lines(tmp_path, rows, crlf, bom, last_newli
     numbers and row errors included."""
     from testbed.traces import readers
 
-    text = "t,p,o\n" + "\n".join(r if isinstance(r, str) else ",".join(r) for r in rows) + ("\n" if last_newline else "")
+    text = "t,p,o\n" + "\n".join(r if isinstance(r, str) else ",".join(r) for r in rows)
+    text += "\n" if last_newline else ""
     if crlf:
         text = text.replace("\n", "\r\n")
     data = (b"\xef\xbb\xbf" if bom else b"") + text.encode()

@@ -52,8 +52,9 @@ def write_traces(folder: Path, rows: int) -> dict[str, Path]:
     files["csv ragged"].write_bytes(b"\n".join(lines))
     ms = (np.cumsum(gaps) // 1_000_000).tolist()  # Mooncake's shape: integer milliseconds
     files["jsonl"] = folder / "trace.jsonl"
-    files["jsonl"].write_text("".join(f'{{"timestamp": {t}, "input_length": {p}, "output_length": {o}}}\n' for t, p, o in
-                                      zip(ms, table["ContextTokens"].to_pylist(), table["GeneratedTokens"].to_pylist())))
+    rows = zip(ms, table["ContextTokens"].to_pylist(), table["GeneratedTokens"].to_pylist())
+    files["jsonl"].write_text("".join(f'{{"timestamp": {t}, "input_length": {p}, "output_length": {o}}}\n'
+                                      for t, p, o in rows))
     return files
 
 
@@ -78,7 +79,8 @@ def measure(path: Path, lenient: bool) -> dict:
         load = traces.load_azure(path, lenient=lenient)
     wall = time.perf_counter() - t
     peak = _status_mib("VmHWM")
-    return {"rows": load.rows, "requests": len(load.requests), "rejected": len(load.rejected), "wall_s": wall, "before_mib": before,
+    return {"rows": load.rows, "requests": len(load.requests), "rejected": len(load.rejected), "wall_s": wall,
+            "before_mib": before,
             "peak_mib": peak, "load_mib": peak - before, "kept_mib": _status_mib("VmRSS") - before}
 
 

@@ -403,8 +403,8 @@ def _check_times(probs: _Problems, raw: Cells, col: str, time_unit: str, lines: 
     else:
         probs.add(~ok, col, lambda i: f"unparseable or non-finite time {value(raw, i)!r}")
         huge = ok & (np.abs(t) >= MAX_ARRIVAL_S * TIME_UNITS[time_unit])
-        probs.add(huge, col, lambda i: f"time {value(raw, i)!r} is too large: {abs(t[i]) / TIME_UNITS[time_unit]:.3g} s is "
-                                       f"{BEYOND_MAX_ARRIVAL}")
+        probs.add(huge, col, lambda i: f"time {value(raw, i)!r} is too large: "
+                                       f"{abs(t[i]) / TIME_UNITS[time_unit]:.3g} s is {BEYOND_MAX_ARRIVAL}")
         valid = ok & ~huge & ~missing & ~row_err
     # time order against the latest valid time before (rows rejected for other fields count:
     # their time is still the file's; rows whose own time is bad or backwards do not)
@@ -434,8 +434,9 @@ def _check_times(probs: _Problems, raw: Cells, col: str, time_unit: str, lines: 
             after = dict(zip(idx[far].tolist(), since[far].tolist()))
             mask = np.zeros(n, dtype=bool)
             mask[idx[far]] = True
-            probs.add(mask, col, lambda i: f"time {value(raw, i)!r} is too large: {after[i]:.3g} s after the first arrival "
-                                           f"({value(raw, first)!r} on line {lines[first]}) is {BEYOND_MAX_ARRIVAL}")
+            probs.add(mask, col, lambda i: f"time {value(raw, i)!r} is too large: {after[i]:.3g} s after the first "
+                                           f"arrival ({value(raw, first)!r} on line {lines[first]}) is "
+                                           f"{BEYOND_MAX_ARRIVAL}")
             valid[idx[far]] = False
     return t, valid
 
