@@ -375,8 +375,8 @@ def test_load_trace_dispatch(tmp_path):
         traces.load_trace(CONV, "azure", columns={"arrival": "TIMESTAMP"})
     with pytest.raises(ValueError, match="time_unit"):
         traces.load_trace(MOON, "mooncake", time_unit="ms")
-    with pytest.raises(ValueError, match="azure, mooncake, csv, jsonl"):
-        traces.load_trace(CONV, "parquet")
+    with pytest.raises(ValueError, match="azure, mooncake, csv, jsonl, parquet"):
+        traces.load_trace(CONV, "xml")
     load = traces.load_trace(CONV, "csv", columns={"arrival": "TIMESTAMP", "prompt_len": "ContextTokens",
                                                     "output_len": "GeneratedTokens"}, time_unit="datetime")
     assert load.requests[1].arrival == pytest.approx(4.314579, abs=1e-9) and load.rows == 19_366

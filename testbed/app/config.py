@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from testbed.engine.profile_config import ProfileConfig
 from testbed.app.metrics import SLO
@@ -23,7 +23,8 @@ from testbed.core.specs import HardwareSpec, ModelSpec
 class TraceConfig:
     """Where requests come from, and how the trace is transformed before replay.
 
-    kind=file replays `path` (format azure, mooncake, csv or jsonl); kind=poisson or
+    kind=file replays `path` (format azure, mooncake, csv, jsonl or parquet; a .parquet
+    suffix reads Parquet, a .gz/.zst/.zstd one decompresses); kind=poisson or
     gamma generates arrivals at `rate` (gamma with burstiness `cv`), with lengths fixed
     (`prompt_len`, `output_len`) or sampled from the trace at `lengths_from`.
     """
@@ -44,7 +45,8 @@ class TraceConfig:
     output_len: Optional[int] = bounded(None, ge=1)
     lengths_from: Optional[str] = None
     lengths_format: str = "azure"
-    # transforms, applied in this order: window, first N, rate scale, length caps
+    # transforms, applied in this order: window, first N, rate scale, length caps. Under lenient
+    # loading only the rejected rows inside the window / first N count (traces.rejected_in_selection)
     start_s: Optional[float] = bounded(None, ge=0)
     end_s: Optional[float] = bounded(None, ge=0)
     max_requests: Optional[int] = bounded(None, ge=1)
@@ -147,9 +149,26 @@ class TestbedConfig:
     seed: int = bounded(0, ge=0)  # numpy and torch seeds are non-negative
 
 
+def trace_name(default: str, path: Optional[str], default_path: Optional[str]) -> str:
+    """The `trace_name` resolver: a trace group's own name while its path is the group's, else
+    the stem of the file the user pointed it at (``trace.path=/data/day1.csv.gz`` -> ``day1``).
+
+    Why: ``trace.kind=file trace.path=my.csv`` keeps every other key of the default group,
+    its name included, and the summary, the table title and the output folder would all say
+    the run replayed ``azure_conv``. A ``trace.name=...`` override still wins (it replaces
+    the interpolation).
+    """
+    from testbed.traces.loaders import trace_stem
+
+    if path is None or path == default_path:
+        return default
+    return trace_stem(path)
+
+
 def register_configs() -> None:
     from testbed.app.plugins import load_policies
 
+    OmegaConf.register_new_resolver("trace_name", trace_name, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="testbed_schema", node=TestbedConfig)
     cs.store(group="trace", name="trace_schema", node=TraceConfig)

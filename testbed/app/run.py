@@ -51,13 +51,13 @@ def _obj(cfg: Any, cls):
 def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple[int, str, str]]]:
     """The trace's requests after transforms, and the rows the loader rejected (id, source, reason)."""
     rejected: list[tuple[int, str, str]] = []
+    load = None
     if tc.kind == "file":
         if not tc.path:
             raise ValueError("trace.path is required when trace.kind=file")
         load = traces.load_trace(tc.path, tc.format, columns=dict(tc.columns) or None,
                                  time_unit=tc.time_unit, lenient=tc.lenient)
         reqs = load.requests
-        rejected = [(r.id, f"{r.file}:{r.line}", f"invalid-row: field {r.field}: {r.reason}") for r in load.rejected]
     elif tc.kind in ("poisson", "gamma"):
         if tc.lengths_from:
             lengths = traces.load_trace(tc.lengths_from, tc.lengths_format).requests
@@ -75,11 +75,34 @@ def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple
         reqs = traces.time_window(reqs, tc.start_s or 0.0, tc.end_s if tc.end_s is not None else float("inf"))
     if tc.max_requests is not None:
         reqs = traces.first_n(reqs, tc.max_requests)
+    if load is not None:  # only the bad rows inside the selection count against it
+        rejected = [(r.id, f"{r.file}:{r.line}", f"invalid-row: field {r.field}: {r.reason}") for r in
+                    traces.rejected_in_selection(load.rejected, load.requests, reqs, tc.start_s, tc.end_s)]
     if tc.rate_scale != 1.0:
         reqs = traces.scale_rate(reqs, tc.rate_scale)
     if tc.max_prompt_len is not None or tc.max_output_len is not None:
         reqs = traces.cap_lengths(reqs, max_prompt=tc.max_prompt_len, max_output=tc.max_output_len)
+    if not reqs:
+        raise ValueError(_nothing_to_simulate(tc, load))
     return reqs, rejected
+
+
+def _nothing_to_simulate(tc: DictConfig, load: traces.TraceLoad | None) -> str:
+    """Why a trace section left no request, naming the file or the keys that emptied it.
+
+    A run without requests has no latency to report; saying why beats a numpy error
+    deep in the metrics (or a result folder of empty tables that looks like a success).
+    """
+    where = load.path if load is not None else f"the {tc.kind} generator"
+    if load is not None and load.rows == 0:
+        return f"nothing to simulate: the trace file {where} has no data rows"
+    if load is not None and not load.requests:
+        return (f"nothing to simulate: all {load.rows} rows of {where} were rejected "
+                f"(first: {load.rejected[0]})")
+    keys = ", ".join(f"trace.{k}={tc[k]}" for k in ("start_s", "end_s") if tc[k] is not None)
+    reqs = load.requests if load is not None else []
+    span = f" (they arrive from {reqs[0].arrival:g} to {reqs[-1].arrival:g} s)" if reqs else ""
+    return f"nothing to simulate: {keys} selects none of the {len(reqs)} requests of {where}{span}"
 
 
 def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:

@@ -4,19 +4,22 @@ Everything above this layer (the step loop, both backends, the metrics) consumes
 ``list[Request]``; this package is the only place that knows file formats, so a new
 trace source is a loader here and nothing else. Modules, one job each:
 
-* `testbed.traces.loaders`: Azure CSV, Mooncake JSONL, any CSV/JSONL through a column mapping,
-  with row-exact errors (strict) or an account of every rejected row (lenient);
+* `testbed.traces.readers`: containers (CSV, JSONL, Parquet; gzip/zstd) -> raw cells with
+  the line (or row) each came from, through pyarrow where it can name the row.
+* `testbed.traces.loaders`: Azure CSV, Mooncake JSONL, any CSV/JSONL/Parquet through a column
+  mapping, with row-exact errors (strict) or an account of every rejected row (lenient);
   relative paths fall back to the bundled traces in ``traces/data/``.
 * `testbed.traces.generators`: Poisson and Gamma arrivals with fixed or trace-sampled lengths.
-* `testbed.traces.transforms`: rate scaling, time windows, first n, length caps.
+* `testbed.traces.transforms`: rate scaling, time windows, first n, length caps, and which
+  rejected rows a selection keeps.
 * `testbed.traces.errors`: `TraceError` (file, line, field) and `RejectedRow`.
 """
 from testbed.traces.errors import RejectedRow, TraceError
 from testbed.traces.generators import gamma, poisson
 from testbed.traces.loaders import (DATA_DIR, FORMATS, TIME_UNITS, TraceLoad, bundled_path, bundled_traces, load_azure,
                             load_mooncake, load_table, load_trace, resolve_path)
-from testbed.traces.transforms import cap_lengths, first_n, scale_rate, time_window
+from testbed.traces.transforms import cap_lengths, first_n, rejected_in_selection, scale_rate, time_window
 
 __all__ = ["RejectedRow", "TraceError", "gamma", "poisson", "DATA_DIR", "FORMATS", "TIME_UNITS", "TraceLoad",
            "bundled_path", "bundled_traces", "load_azure", "load_mooncake", "load_table", "load_trace",
-           "resolve_path", "cap_lengths", "first_n", "scale_rate", "time_window"]
+           "resolve_path", "cap_lengths", "first_n", "rejected_in_selection", "scale_rate", "time_window"]

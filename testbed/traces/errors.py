@@ -32,7 +32,9 @@ class RejectedRow:
 
     `id` is the request id the row would have had (ids are data-row indices, so the ids
     of the kept requests do not shift when a row is rejected); `file` is the file name,
-    as in `Request.source`.
+    as in `Request.source`. `arrival` is the row's time in seconds since the first arrival,
+    as a request's, when its time is known (parsed, in order, representable), else None:
+    a time window uses it to tell whether the row lies inside.
     """
 
     id: int
@@ -40,6 +42,7 @@ class RejectedRow:
     line: int
     field: str
     reason: str
+    arrival: float | None = None
 
     @property
     def source(self) -> str:

@@ -18,7 +18,7 @@ from typing import Union
 import numpy as np
 
 from testbed.core.request import Request
-from testbed.traces.loaders import TraceLoad
+from testbed.traces.loaders import BEYOND_MAX_ARRIVAL, MAX_ARRIVAL_S, TraceLoad
 
 # (prompt_len, output_len), or requests (e.g. a loaded trace) whose pairs are resampled
 Lengths = Union[tuple[int, int], Sequence[Request], TraceLoad]
@@ -76,6 +76,8 @@ def _generate(kind: str, rate: float, cv: float, n: int | None, duration: float 
         raise ValueError(f"{kind}: n={n!r} (trace.num_requests) must be an integer >= 1")
     if duration is not None and not (isinstance(duration, Real) and math.isfinite(duration) and duration > 0):
         raise ValueError(f"{kind}: duration={duration!r} (trace.duration_s) must be a finite number > 0 seconds")
+    if duration is not None and duration > MAX_ARRIVAL_S:
+        raise ValueError(f"{kind}: duration={duration!r} (trace.duration_s) reaches {BEYOND_MAX_ARRIVAL}")
     pool, fixed = _length_pool(lengths)
 
     rng = np.random.default_rng(seed)
@@ -93,6 +95,9 @@ def _generate(kind: str, rate: float, cv: float, n: int | None, duration: float 
             times = np.concatenate([times, times[-1] + np.cumsum(parts[-1])])
         times = times[times < duration]
     count = len(times)
+    if count and not times[-1] < MAX_ARRIVAL_S:
+        raise ValueError(f"{kind}: rate={rate!r} (trace.rate) puts the last of {count} arrivals at {times[-1]:.3g} s, "
+                         f"{BEYOND_MAX_ARRIVAL}")
     if fixed is not None:
         prompts, outputs = [fixed[0]] * count, [fixed[1]] * count
     else:

@@ -1,4 +1,7 @@
-"""Trace files -> `Request` records: Azure CSV, Mooncake JSONL, any CSV/JSONL by mapping.
+"""Trace files -> `Request` records: Azure CSV, Mooncake JSONL, any CSV/JSONL/Parquet by mapping.
+
+Reading a container (CSV, JSONL, Parquet, gzip/zstd) is `testbed.traces.readers`' job; this
+module judges the cells and builds the requests.
 
 Why it is built this way:
 
@@ -12,7 +15,8 @@ Why it is built this way:
   were rejected, and a result always joins back to its line (`Request.source` is
   ``"<file name>:<line>"``).
 * **Line numbers are what an editor shows**: 1-based, the CSV header is line 1, a quoted
-  CSV field spanning lines is reported at the line its record starts on.
+  CSV field spanning lines is reported at the line its record starts on; a compressed
+  file's lines are those of its content. A Parquet row's "line" is its 1-based row number.
 * **Times are exact.** Azure timestamps carry 7 fractional digits (100 ns), more than
   Python's `datetime` keeps; they are parsed to integer nanoseconds (numpy
   ``datetime64[ns]``, after a strict pattern check) and only the difference from the
@@ -27,14 +31,16 @@ Why it is built this way:
 * **One problem per row.** A row is reported once, for its first problem in this order:
   the row itself (not JSON, too many CSV fields), arrival, time order, prompt length,
   output length, prefix hashes, tenant, priority, SLO class.
-* **Fast by construction**: the bulk of the parse is vectorised (numpy); the per-row
-  Python work is building the `Request`s. Error messages are made only for bad rows.
+* **Fast by construction**: pyarrow parses the file, only the mapped columns, and the checks
+  are vectorised (numpy, pyarrow.compute); the per-row Python work is building the
+  `Request`s. Error messages are made only for bad rows. A million-row Azure CSV loads in
+  about 4 s, most of it making the million `Request`s, and its peak memory is about that
+  of the requests it returns (``experiments/benchmarks/trace_load.py``).
+* **Times that float64 seconds cannot hold are rejected** (see `MAX_ARRIVAL_S`).
 """
 from __future__ import annotations
 
-import csv
 import gc
-import io
 import json
 import math
 import os
@@ -45,12 +51,17 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from testbed.core.request import Request
 from testbed.traces.errors import RejectedRow, TraceError
+from testbed.traces.readers import (COMPRESSIONS, ROW, Cells, pylist, read_csv, read_jsonl, read_parquet, unwrap,
+                                    value)
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-FORMATS = ("azure", "mooncake", "csv", "jsonl")
+TABLE_FORMATS = ("csv", "jsonl", "parquet")  # read through a column mapping
+FORMATS = ("azure", "mooncake", *TABLE_FORMATS)
 # time_unit -> divisor to seconds; "datetime" (ISO-8601 strings) is handled apart
 TIME_UNITS = {"s": 1, "ms": 1_000, "us": 1_000_000}
 FIELDS = ("arrival", "prompt_len", "output_len", "prefix_hashes", "tenant", "priority", "slo_class")
@@ -59,9 +70,14 @@ AZURE_COLUMNS = {"arrival": "TIMESTAMP", "prompt_len": "ContextTokens", "output_
 MOONCAKE_COLUMNS = {"arrival": "timestamp", "prompt_len": "input_length", "output_len": "output_length",
                     "prefix_hashes": "hash_ids"}
 MOONCAKE_BLOCK_TOKENS = 512
+PARQUET_SUFFIXES = (".parquet", ".pq")
+# Arrival times, as the simulator keeps them (float64 seconds), must stay below 2**32 s
+# (136 years): there a float64's spacing is 2**-20 s (0.95 us), beyond it a microsecond is
+# lost (at 1e18 s the spacing is 128 s and every TTFT reads 0.0 ms). Epoch times in s, ms or
+# us (1.7e9 s) stay well inside; only their differences from the first arrival are replayed.
+MAX_ARRIVAL_S = 2.0**32
+BEYOND_MAX_ARRIVAL = "past 2**32 s (136 years), where float64 seconds lose sub-microsecond precision"
 _MAX_LEN = 2**40  # lengths beyond this are surely a broken file, and would overflow int64 arithmetic
-
-ROW = "<row>"  # the pseudo-field of row-level problems
 
 
 @dataclass
@@ -123,176 +139,91 @@ def resolve_path(path: str | os.PathLike) -> Path:
     raise _not_found(path)
 
 
+def trace_stem_path(path: str | os.PathLike) -> str:
+    """The file's name without a compression suffix (``day1.csv.gz`` -> ``day1.csv``)."""
+    name = Path(path).name
+    suffix = Path(name).suffix
+    return name[:-len(suffix)] if suffix.lower() in COMPRESSIONS else name
+
+
+def trace_stem(path: str | os.PathLike) -> str:
+    """A trace file's name without its folder, compression and format suffixes
+    (``/data/day1.csv.gz`` -> ``day1``): what a run replaying it is called."""
+    name = trace_stem_path(path)
+    return Path(name).stem or name
+
+
 # ----------------------------------------------------------------------------- public loaders
 
 def load_azure(path: str | os.PathLike, *, lenient: bool = False) -> TraceLoad:
     """An Azure LLM inference trace (2023): CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``,
-    TIMESTAMP like ``2023-11-16 18:15:46.6805900`` (no timezone)."""
+    TIMESTAMP like ``2023-11-16 18:15:46.6805900`` (no timezone); or those columns in Parquet."""
     return _load(path, "csv", AZURE_COLUMNS, "datetime", lenient)
 
 
 def load_mooncake(path: str | os.PathLike, *, lenient: bool = False) -> TraceLoad:
     """A Mooncake (FAST'25) trace: JSON lines with ``timestamp`` (ms), ``input_length``,
-    ``output_length`` and ``hash_ids`` (one id per 512-token prompt block)."""
+    ``output_length`` and ``hash_ids`` (one id per 512-token prompt block); or those columns in Parquet."""
     return _load(path, "jsonl", MOONCAKE_COLUMNS, "ms", lenient, block_tokens=MOONCAKE_BLOCK_TOKENS)
 
 
 def load_table(path: str | os.PathLike, *, columns: Mapping[str, str], time_unit: str = "s",
                format: str | None = None, lenient: bool = False, delimiter: str = ",",
                prefix_block_tokens: int = 512) -> TraceLoad:
-    """Any CSV or JSONL trace through a mapping ``{field: column}``.
+    """Any CSV, JSONL or Parquet trace through a mapping ``{field: column}``.
 
     Fields: ``arrival``, ``prompt_len``, ``output_len`` (required), ``prefix_hashes``,
     ``tenant``, ``priority``, ``slo_class`` (optional; a mapped column must have a value
     on every row). `time_unit` is ``s``, ``ms`` or ``us`` for numbers, or ``datetime``
     for ISO-8601 strings (``YYYY-MM-DD HH:MM:SS[.fffffffff]``, ``T`` or a space between,
-    an optional ``Z`` / ``+HH:MM`` offset, converted to UTC). `format` is ``csv`` or
-    ``jsonl``; by default it follows the extension (``.jsonl``/``.ndjson``/``.json`` ->
-    jsonl, ``.csv``/``.tsv`` -> csv, ``.tsv`` with a tab delimiter). Prefix hashes are a
-    JSON list of integers (in a CSV cell: ``[1, 2]`` or ``1 2`` / ``1;2``; an empty cell is
-    no hashes), one per `prefix_block_tokens` prompt tokens.
+    an optional ``Z`` / ``+HH:MM`` offset, converted to UTC) or a Parquet timestamp column.
+    `format` is ``csv``, ``jsonl`` or ``parquet``; by default it follows the extension
+    (``.jsonl``/``.ndjson``/``.json`` -> jsonl, ``.csv``/``.tsv`` -> csv, ``.tsv`` with a
+    tab delimiter, ``.parquet``/``.pq`` -> parquet), after a compression suffix (``.gz``,
+    ``.zst``, ``.zstd``: the file is decompressed as it is read). A ``.parquet`` file is
+    read as Parquet whatever `format` says. Prefix hashes are a JSON list of integers (in
+    a CSV cell: ``[1, 2]`` or ``1 2`` / ``1;2``; an empty cell is no hashes; in Parquet a
+    list column), one per `prefix_block_tokens` prompt tokens.
     """
     fmt = format
     if fmt is None:
-        suffix = Path(path).suffix.lower()
+        suffix = Path(trace_stem_path(path)).suffix.lower()
         if suffix in (".jsonl", ".ndjson", ".json"):
             fmt = "jsonl"
         elif suffix in (".csv", ".tsv"):
             fmt = "csv"
             if suffix == ".tsv" and delimiter == ",":
                 delimiter = "\t"
+        elif suffix in PARQUET_SUFFIXES:
+            fmt = "parquet"
         else:
             raise ValueError(f"load_table: cannot tell the format of {str(path)!r} from its extension; "
-                             f"pass format='csv' or format='jsonl'")
-    if fmt not in ("csv", "jsonl"):
-        raise ValueError(f"load_table: format={fmt!r}: expected 'csv' or 'jsonl'")
+                             f"pass format='csv', 'jsonl' or 'parquet'")
+    if fmt not in TABLE_FORMATS:
+        raise ValueError(f"load_table: format={fmt!r}: expected 'csv', 'jsonl' or 'parquet'")
     return _load(path, fmt, columns, time_unit, lenient, delimiter=delimiter, block_tokens=prefix_block_tokens)
 
 
 def load_trace(path: str | os.PathLike, format: str, *, columns: Mapping[str, str] | None = None,
                time_unit: str = "s", lenient: bool = False) -> TraceLoad:
     """Load by a format name, as the ``trace`` config group says: ``azure``, ``mooncake``
-    (fixed schemas), ``csv`` or ``jsonl`` (through `columns` and `time_unit`)."""
+    (fixed schemas; their columns may also come in a ``.parquet`` file), ``csv``, ``jsonl``
+    or ``parquet`` (through `columns` and `time_unit`). Any of them may be gzip or zstd
+    compressed (``.gz``, ``.zst``, ``.zstd``)."""
     if format in ("azure", "mooncake"):
         if columns:
-            raise ValueError(f"trace.format={format}: trace.columns applies to csv and jsonl only "
+            raise ValueError(f"trace.format={format}: trace.columns applies to {', '.join(TABLE_FORMATS)} only "
                              f"(the {format} schema is fixed)")
         if time_unit != "s":
-            raise ValueError(f"trace.format={format}: trace.time_unit applies to csv and jsonl only "
+            raise ValueError(f"trace.format={format}: trace.time_unit applies to {', '.join(TABLE_FORMATS)} only "
                              f"(the {format} schema fixes its time unit)")
         return (load_azure if format == "azure" else load_mooncake)(path, lenient=lenient)
-    if format in ("csv", "jsonl"):
+    if format in TABLE_FORMATS:
         if not columns:
             raise ValueError(f"trace.format={format}: give trace.columns, a mapping of arrival, prompt_len and "
                              f"output_len (and optionally {', '.join(FIELDS[3:])}) to the file's column names")
         return load_table(path, columns=columns, time_unit=time_unit, format=format, lenient=lenient)
     raise ValueError(f"trace.format={format!r}: expected one of {', '.join(FORMATS)}")
-
-
-# ----------------------------------------------------------------------------- reading rows
-
-@dataclass
-class _Raw:
-    """A file's data rows as raw cells: str (CSV), JSON values, or None where absent."""
-
-    header: list[str] | None  # CSV header (None for JSONL, whose keys vary by row)
-    header_line: int
-    lines: list[int]
-    records: list  # CSV: list of field lists; JSONL: list of dicts ({} for a broken row)
-    row_errors: dict[int, str]  # row index -> reason (field "<row>")
-    index: dict[str, int] = field(default_factory=dict)  # CSV column -> position (first one)
-    duplicates: set[str] = field(default_factory=set)  # CSV columns named twice in the header
-    uniform: bool = False  # every CSV record has exactly the header's fields
-    _columns: list | None = None
-
-    def has(self, col: str) -> bool:
-        if self.header is not None:
-            return col in self.index
-        return any(col in r for r in self.records)
-
-    def present(self) -> list[str]:
-        if self.header is not None:
-            return self.header
-        return list(dict.fromkeys(k for r in self.records for k in r))
-
-    def cells(self, col: str) -> list:
-        if self.header is None:
-            return [r.get(col) for r in self.records]
-        j = self.index[col]
-        if self.uniform:
-            if self._columns is None:
-                self._columns = list(zip(*self.records))
-            return list(self._columns[j])
-        return [r[j] if j < len(r) else None for r in self.records]
-
-
-def _read_csv(p: Path, delimiter: str) -> _Raw:
-    data = p.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise TraceError(str(p), data[:e.start].count(b"\n") + 1, ROW, f"not UTF-8 text ({e.reason})") from None
-    if '"' not in text:  # no quoting: one record per line, split directly (fast)
-        text = text.replace("\r\n", "\n")
-        split = [s.split(delimiter) for s in text.split("\n")]
-        if split and split[-1] == [""]:
-            split.pop()  # the file's final newline
-        lens = set(map(len, split))
-        if split and len(lens) == 1 and lens.pop() > 1:  # no blank lines, every row as wide as the header
-            header = [h.strip() for h in split[0]]
-            return _Raw(header, 1, list(range(2, len(split) + 1)), split[1:], {}, *_header_index(header), True)
-        rows = [(i, r) for i, r in enumerate(split, 1) if len(r) > 1 or r[0].strip()]
-    else:
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
-        rows, prev = [], 0
-        try:
-            for rec in reader:
-                start, prev = prev + 1, reader.line_num
-                if rec and not (len(rec) == 1 and not rec[0].strip()):
-                    rows.append((start, rec))
-        except csv.Error as e:
-            raise TraceError(str(p), prev + 1, ROW, f"malformed CSV: {e}") from None
-    if not rows:
-        raise TraceError(str(p), 1, "<header>", "the file is empty: expected a header line naming the columns")
-    header_line, header = rows[0]
-    header = [h.strip() for h in header]
-    lines = [line for line, _ in rows[1:]]
-    records = [rec for _, rec in rows[1:]]
-    row_errors = {k: f"{len(rec)} fields, but the header (line {header_line}) names {len(header)}"
-                  for k, rec in enumerate(records) if len(rec) > len(header)}
-    uniform = all(len(rec) == len(header) for rec in records)
-    return _Raw(header, header_line, lines, records, row_errors, *_header_index(header), uniform)
-
-
-def _header_index(header: list[str]) -> tuple[dict[str, int], set[str]]:
-    """Column -> position (of its first occurrence), and the names that occur twice."""
-    index: dict[str, int] = {}
-    for j, h in enumerate(header):
-        index.setdefault(h, j)
-    return index, {h for j, h in enumerate(header) if index[h] != j}
-
-
-def _read_jsonl(p: Path) -> _Raw:
-    lines, records, row_errors = [], [], {}
-    with p.open("rb") as f:
-        for lineno, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            k = len(records)
-            lines.append(lineno)
-            try:
-                obj = json.loads(text)
-            except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-                records.append({})
-                row_errors[k] = f"invalid JSON: {getattr(e, 'msg', e)}" + (
-                    f" (column {e.colno})" if isinstance(e, json.JSONDecodeError) else "")
-                continue
-            if not isinstance(obj, dict):
-                records.append({})
-                row_errors[k] = f"expected a JSON object, got {type(obj).__name__}"
-                continue
-            records.append(obj)
-    return _Raw(None, 1, lines, records, row_errors)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -335,8 +266,32 @@ def _to_float(v) -> float:
     return math.nan  # None, bool, list, dict: not a number
 
 
-def _numbers(vals: list) -> np.ndarray:
-    """Cells as float64; NaN where a cell is not a number (missing, text, bool, list)."""
+# a decimal number as pyarrow and Python's float() both read it (to the same, correctly rounded float)
+_PLAIN_NUMBER = r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$"
+
+
+def _numbers(vals: Cells) -> np.ndarray:
+    """Cells as float64; NaN where a cell is not a number (missing, text, bool, list).
+
+    Text is read as Python's float() reads it; pyarrow parses the plain decimals (nearly
+    every cell), Python the rest (blanks, padding, words), which are few.
+    """
+    vals = unwrap(vals)
+    if isinstance(vals, pa.Array):
+        t = vals.type
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+            return pc.cast(vals, pa.float64(), safe=False).fill_null(math.nan).to_numpy(zero_copy_only=False)
+        if pa.types.is_string(t):
+            plain = pc.match_substring_regex(vals, _PLAIN_NUMBER).fill_null(False).to_numpy(zero_copy_only=False)
+            if plain.all():
+                return pc.cast(vals, pa.float64()).to_numpy(zero_copy_only=False)
+            out = np.full(len(vals), math.nan)
+            idx = np.flatnonzero(plain)
+            out[idx] = pc.cast(vals.take(idx), pa.float64()).to_numpy(zero_copy_only=False)
+            for i in np.flatnonzero(~plain).tolist():
+                out[i] = _to_float(vals[i].as_py())
+            return out
+        vals = vals.to_pylist()
     types = set(map(type, vals))
     if types <= {str} or types <= {int, float}:
         try:
@@ -346,25 +301,25 @@ def _numbers(vals: list) -> np.ndarray:
     return np.fromiter(map(_to_float, vals), dtype=np.float64, count=len(vals))
 
 
-def _check_number(probs: _Problems, raw: list, col: str, what: str, minimum: int | None) -> np.ndarray:
+def _check_number(probs: _Problems, raw: Cells, col: str, what: str, minimum: int | None) -> np.ndarray:
     """Whole numbers >= `minimum` (None: any sign); returns int64 values (0 where bad)."""
     f = _numbers(raw)
     nan = np.isnan(f)
     if nan.any():
         missing = np.zeros(len(f), dtype=bool)
         for i in np.flatnonzero(nan):
-            missing[i] = _is_missing(raw[i])
+            missing[i] = _is_missing(value(raw, i))
         probs.add(missing, col, lambda i: "missing value")
-        probs.add(nan & ~missing, col, lambda i: f"not a number: {raw[i]!r}")
+        probs.add(nan & ~missing, col, lambda i: f"not a number: {value(raw, i)!r}")
     finite = np.isfinite(f)
-    probs.add(~nan & ~finite, col, lambda i: f"not a finite number: {raw[i]!r}")
+    probs.add(~nan & ~finite, col, lambda i: f"not a finite number: {value(raw, i)!r}")
     g = np.where(finite, f, 0.0)
-    probs.add(g != np.floor(g), col, lambda i: f"not a whole number: {raw[i]!r}")
+    probs.add(g != np.floor(g), col, lambda i: f"not a whole number: {value(raw, i)!r}")
     if minimum is not None:
-        probs.add(g < 0, col, lambda i: f"negative length {raw[i]!r}")
+        probs.add(g < 0, col, lambda i: f"negative length {value(raw, i)!r}")
         if minimum > 0:
-            probs.add(g < minimum, col, lambda i: f"{what} must be at least {minimum}, got {raw[i]!r}")
-    probs.add(np.abs(g) >= _MAX_LEN, col, lambda i: f"implausibly large value {raw[i]!r}")
+            probs.add(g < minimum, col, lambda i: f"{what} must be at least {minimum}, got {value(raw, i)!r}")
+    probs.add(np.abs(g) >= _MAX_LEN, col, lambda i: f"implausibly large value {value(raw, i)!r}")
     return np.where(np.abs(g) < _MAX_LEN, g, 0.0).astype(np.int64)
 
 
@@ -376,9 +331,26 @@ _DATETIMES_PLAIN = re.compile(rf"(?:{_DATETIME_CORE}\n)*{_DATETIME_CORE}")  # a 
 _DATETIME_HELP = "expected YYYY-MM-DD HH:MM:SS[.fffffffff], optionally with a Z or +HH:MM offset"
 
 
-def _datetimes_ns(raw: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _datetimes_ns(raw: Cells) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exact integer nanoseconds (UTC where an offset is given), a valid mask, an offset-given mask."""
     n = len(raw)
+    raw = unwrap(raw)
+    if isinstance(raw, pa.Array):
+        if pa.types.is_timestamp(raw.type):  # Parquet's own timestamps: exact, UTC when zoned
+            try:
+                ns = pc.cast(raw, pa.timestamp("ns", raw.type.tz)).cast(pa.int64()).fill_null(0)
+                return (ns.to_numpy(zero_copy_only=False), raw.is_valid().to_numpy(zero_copy_only=False),
+                        np.full(n, raw.type.tz is not None))
+            except pa.ArrowInvalid:  # beyond int64 nanoseconds
+                pass
+        elif (pa.types.is_string(raw.type) and not raw.null_count
+              and pc.all(pc.match_substring_regex(raw, f"^{_DATETIME_CORE}$")).as_py()):
+            try:  # fast path: pyarrow parses ISO strings exactly to ns, as numpy does
+                return (pc.cast(raw, pa.timestamp("ns")).cast(pa.int64()).to_numpy(zero_copy_only=False),
+                        np.ones(n, dtype=bool), np.zeros(n, dtype=bool))
+            except pa.ArrowInvalid:
+                pass  # an out-of-range field somewhere (month 13, hour 25): find it row by row
+        raw = raw.to_pylist()
     if n and set(map(type, raw)) == {str} and _DATETIMES_PLAIN.fullmatch("\n".join(raw)):
         try:  # fast path, one regex call for the column: numpy parses ISO strings exactly to ns
             return (np.array(raw, dtype="datetime64[ns]").astype(np.int64), np.ones(n, dtype=bool),
@@ -406,7 +378,7 @@ def _datetimes_ns(raw: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ns, ok, aware
 
 
-def _check_times(probs: _Problems, raw: list, col: str, time_unit: str, lines: list[int],
+def _check_times(probs: _Problems, raw: Cells, col: str, time_unit: str, lines: list[int],
                  row_err: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Parsed times (int64 ns or float in the file's unit) and the mask of rows whose time counts."""
     n = len(raw)
@@ -417,20 +389,23 @@ def _check_times(probs: _Problems, raw: list, col: str, time_unit: str, lines: l
         ok = np.isfinite(t)
     missing = np.zeros(n, dtype=bool)
     for i in np.flatnonzero(~ok):
-        missing[i] = _is_missing(raw[i])
+        missing[i] = _is_missing(value(raw, i))
     probs.add(missing, col, lambda i: "missing value")
     if time_unit == "datetime":
-        probs.add(~ok, col, lambda i: f"unparseable time {raw[i]!r} ({_DATETIME_HELP})")
+        probs.add(~ok, col, lambda i: f"unparseable time {value(raw, i)!r} ({_DATETIME_HELP})")
         valid = ok & ~missing & ~row_err
         if valid.any():  # naive and offset times cannot be ordered against each other
             first = int(np.flatnonzero(valid)[0])
             mixed = valid & (aware != aware[first])
-            probs.add(mixed, col, lambda i: f"mixes times with and without a timezone offset ({raw[i]!r}; "
-                                            f"line {lines[first]} has {raw[first]!r})")
+            probs.add(mixed, col, lambda i: f"mixes times with and without a timezone offset ({value(raw, i)!r}; "
+                                            f"line {lines[first]} has {value(raw, first)!r})")
             valid &= ~mixed
     else:
-        probs.add(~ok, col, lambda i: f"unparseable or non-finite time {raw[i]!r}")
-        valid = ok & ~missing & ~row_err
+        probs.add(~ok, col, lambda i: f"unparseable or non-finite time {value(raw, i)!r}")
+        huge = ok & (np.abs(t) >= MAX_ARRIVAL_S * TIME_UNITS[time_unit])
+        probs.add(huge, col, lambda i: f"time {value(raw, i)!r} is too large: "
+                                       f"{abs(t[i]) / TIME_UNITS[time_unit]:.3g} s is {BEYOND_MAX_ARRIVAL}")
+        valid = ok & ~huge & ~missing & ~row_err
     # time order against the latest valid time before (rows rejected for other fields count:
     # their time is still the file's; rows whose own time is bad or backwards do not)
     idx = np.flatnonzero(valid)
@@ -445,9 +420,24 @@ def _check_times(probs: _Problems, raw: list, col: str, time_unit: str, lines: l
             ref = {int(idx[k]): int(idx[holder[k - 1]]) for k in np.flatnonzero(back)}
             mask = np.zeros(n, dtype=bool)
             mask[idx[back]] = True
-            probs.add(mask, col, lambda i: f"time goes backwards: {raw[i]!r} is earlier than "
-                                           f"{raw[ref[i]]!r} on line {lines[ref[i]]}")
+            probs.add(mask, col, lambda i: f"time goes backwards: {value(raw, i)!r} is earlier than "
+                                           f"{value(raw, ref[i])!r} on line {lines[ref[i]]}")
             valid[idx[back]] = False
+    # what the replay will see, the time since the first valid arrival, must be representable
+    idx = np.flatnonzero(valid)
+    if len(idx):
+        first = int(idx[0])
+        since = (t[idx].astype(np.float64) - float(t[first])) / (1e9 if time_unit == "datetime" else
+                                                                  TIME_UNITS[time_unit])
+        far = since >= MAX_ARRIVAL_S
+        if far.any():
+            after = dict(zip(idx[far].tolist(), since[far].tolist()))
+            mask = np.zeros(n, dtype=bool)
+            mask[idx[far]] = True
+            probs.add(mask, col, lambda i: f"time {value(raw, i)!r} is too large: {after[i]:.3g} s after the first "
+                                           f"arrival ({value(raw, first)!r} on line {lines[first]}) is "
+                                           f"{BEYOND_MAX_ARRIVAL}")
+            valid[idx[far]] = False
     return t, valid
 
 
@@ -474,7 +464,8 @@ def _parse_hashes(v) -> tuple[int, ...] | str:
     return tuple(v)
 
 
-def _check_labels(probs: _Problems, raw: list, col: str) -> list[str]:
+def _check_labels(probs: _Problems, raw: Cells, col: str) -> list[str]:
+    raw = pylist(raw)
     out, bad = [], np.zeros(len(raw), dtype=bool)
     for i, v in enumerate(raw):
         if type(v) is str and v.strip():
@@ -508,6 +499,15 @@ def _check_mapping(columns: Mapping[str, str], time_unit: str) -> dict[str, str]
     return cols
 
 
+def _roles(cols: dict[str, str]) -> dict[str, set[str]]:
+    """Column -> how it is read (number, label, hashes): a JSON reader keeps its cells' types."""
+    roles: dict[str, set[str]] = {}
+    for key, col in cols.items():
+        roles.setdefault(col, set()).add({"prefix_hashes": "hashes", "tenant": "label", "slo_class": "label"}
+                                         .get(key, "number"))
+    return roles
+
+
 def _load(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenient: bool, *,
           delimiter: str = ",", block_tokens: int = 512) -> TraceLoad:
     # The load allocates ~10 objects a row and frees none of them until it returns: the cyclic
@@ -519,6 +519,7 @@ def _load(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenient: b
     finally:
         if enabled:
             gc.enable()
+        pa.default_memory_pool().release_unused()  # pyarrow's allocator keeps what the parse freed (~60 MiB)
 
 
 def _load_rows(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenient: bool, delimiter: str,
@@ -529,14 +530,18 @@ def _load_rows(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenie
     block_tokens = int(block_tokens)
     p = resolve_path(path)
     where, name = str(p), p.name
-    raw = _read_csv(p, delimiter) if fmt == "csv" else _read_jsonl(p)
-    n = len(raw.records)
+    wanted = list(dict.fromkeys(cols.values()))
+    if fmt == "parquet" or p.suffix.lower() in PARQUET_SUFFIXES:
+        raw = read_parquet(p, wanted)
+    else:
+        raw = read_csv(p, delimiter, wanted) if fmt == "csv" else read_jsonl(p, wanted, _roles(cols))
+    n = raw.rows
     for key, col in cols.items():
         if col in raw.duplicates:
             raise TraceError(where, raw.header_line, col,
                              f"the column for {key!r} appears more than once in the header")
-        if (fmt == "csv" or n > len(raw.row_errors)) and not raw.has(col):
-            present = ", ".join(repr(c) for c in raw.present()) or "none"
+        if (raw.fixed_columns or n > len(raw.row_errors)) and not raw.has(col):
+            present = ", ".join(repr(c) for c in raw.header) or "none"
             raise TraceError(where, raw.header_line, col,
                              f"no column {col!r} (mapped to {key!r}) in the file; columns present: {present}")
     if n == 0:
@@ -556,8 +561,7 @@ def _load_rows(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenie
     extra: dict[str, list] = {}
     if "prefix_hashes" in cols:
         col = cols["prefix_hashes"]
-        cells = raw.cells(col)
-        parsed = [_parse_hashes(v) if v is not None else "missing value" for v in cells]
+        parsed = [_parse_hashes(v) if v is not None else "missing value" for v in pylist(raw.cells(col))]
         kinds = np.fromiter((type(h) is str for h in parsed), dtype=bool, count=n)
         probs.add(kinds, col, lambda i: parsed[i])
         counts = np.fromiter((len(h) if type(h) is tuple else 0 for h in parsed), dtype=np.int64, count=n)
@@ -577,12 +581,7 @@ def _load_rows(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenie
     if len(bad_idx) and not lenient:
         i = int(bad_idx[0])
         fld, reason = probs.describe(i)
-        raise TraceError(where, lines[i], fld, reason)
-    rejected = []
-    for i in bad_idx.tolist():
-        fld, reason = probs.describe(i)
-        rejected.append(RejectedRow(i, name, lines[i], fld, reason))
-
+        raise TraceError(where, int(lines[i]), fld, reason)
     # time origin: the first row whose time is valid (row 0 in strict mode)
     arrival = np.zeros(n, dtype=np.float64)
     if t_valid.any():
@@ -591,10 +590,14 @@ def _load_rows(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenie
             arrival = (t - t0) / 1e9
         else:
             arrival = (t - t0) / TIME_UNITS[time_unit]
+    rejected = []
+    for i in bad_idx.tolist():
+        fld, reason = probs.describe(i)
+        rejected.append(RejectedRow(i, name, int(lines[i]), fld, reason, float(arrival[i]) if t_valid[i] else None))
     keep = np.flatnonzero(~bad)
     ids = keep.tolist()
     args = [ids, arrival[keep].tolist(), prompt[keep].tolist(), output[keep].tolist()]
-    line_arr = np.asarray(lines)[keep].tolist()
+    line_arr = lines[keep].tolist()
     sources = [f"{name}:{ln}" for ln in line_arr]
     if not extra:
         requests = [Request(i, a, pl, ol, (), block_tokens, "default", 0, "default", s)

@@ -9,12 +9,15 @@ Arguments are checked up front with errors that name the config key they come fr
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from numbers import Integral, Real
 from typing import Sequence
 
 from testbed.core.request import Request
+from testbed.traces.errors import RejectedRow
+from testbed.traces.loaders import BEYOND_MAX_ARRIVAL, MAX_ARRIVAL_S
 
 
 def scale_rate(requests: Sequence[Request], factor: float) -> list[Request]:
@@ -22,6 +25,10 @@ def scale_rate(requests: Sequence[Request], factor: float) -> list[Request]:
     as many requests per second; 0.5 = half). Order and lengths are unchanged."""
     if isinstance(factor, bool) or not isinstance(factor, Real) or not (math.isfinite(factor) and factor > 0):
         raise ValueError(f"scale_rate: factor={factor!r} (trace.rate_scale) must be a finite number > 0")
+    last = max((r.arrival for r in requests), default=0.0)
+    if last / factor >= MAX_ARRIVAL_S:
+        raise ValueError(f"scale_rate: factor={factor!r} (trace.rate_scale) would move the last arrival ({last:g} s) "
+                         f"to {last / factor:.3g} s, {BEYOND_MAX_ARRIVAL}")
     return [dataclasses.replace(r, arrival=r.arrival / factor) for r in requests]
 
 
@@ -44,6 +51,37 @@ def first_n(requests: Sequence[Request], n: int) -> list[Request]:
     if isinstance(n, bool) or not isinstance(n, Integral) or n < 1:
         raise ValueError(f"first_n: n={n!r} (trace.max_requests) must be an integer >= 1")
     return list(requests[:n])
+
+
+def rejected_in_selection(rejected: Sequence[RejectedRow], loaded: Sequence[Request], kept: Sequence[Request],
+                          start_s: float | None = None, end_s: float | None = None) -> list[RejectedRow]:
+    """The rows a lenient load rejected that lie inside a selection of its requests.
+
+    `loaded` are the requests as loaded (file order), `kept` those that `time_window`
+    (``[start_s, end_s)``) and then `first_n` kept. Why: a run of 100 requests must not
+    report the 2,000 bad rows of the whole file (its SLO attainment would read 0.048
+    instead of 0.33). The rule, since a bad row may have no usable time:
+
+    * a rejected row lies in the window by its own time when that is known
+      (`RejectedRow.arrival`), else by its place in the file: after the last request
+      that arrives before `start_s` and before the first that arrives at or after `end_s`;
+    * when `first_n` cut the window's requests short, a rejected row after the last kept
+      request in the file lies outside.
+
+    Without a window or a cut every rejected row counts, as before.
+    """
+    if not rejected:
+        return []
+    start = -math.inf if start_s is None else start_s
+    end = math.inf if end_s is None else end_s
+    times = [r.arrival for r in loaded]
+    first_in = bisect.bisect_left(times, start)  # arrivals are in order: the window is a run of requests
+    first_after = bisect.bisect_left(times, end)
+    lo = loaded[first_in - 1].id if first_in > 0 else -1
+    hi = loaded[first_after].id if first_after < len(loaded) else math.inf
+    cut = kept[-1].id if kept and len(kept) < first_after - first_in else math.inf
+    return [r for r in rejected if r.id <= cut and
+            (start <= r.arrival < end if r.arrival is not None else lo < r.id < hi)]
 
 
 def cap_lengths(requests: Sequence[Request], max_prompt: int | None = None,
