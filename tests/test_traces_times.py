@@ -69,3 +69,17 @@ def test_rate_scaling_cannot_make_such_times():
 def test_generators_cannot_make_such_times():
     with pytest.raises(ValueError, match=r"trace\.rate.*2\*\*32 s"):
         traces.poisson(1e-300, n=3, lengths=(5, 5))
+
+
+@pytest.mark.parametrize("offset, ok", [("+00:00", True), ("-08:00", True), ("+0530", True), ("+23:59", True),
+                                        ("+99:99", False), ("+24:00", False), ("-05:60", False)])
+def test_timezone_offsets_beyond_iso_8601_are_refused(tmp_path, offset, ok):
+    """An offset of +99:99 once moved its row by about 100 h without a word."""
+    f = tmp_path / "tz.csv"
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5+00:00,100,10\n"
+                 f"2023-11-17 18:15:47.5{offset},100,10\n")
+    if ok:
+        assert len(traces.load_azure(f).requests) == 2
+    else:
+        with pytest.raises(TraceError, match=r"tz.csv:3: field 'TIMESTAMP': unparseable time"):
+            traces.load_azure(f)

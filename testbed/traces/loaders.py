@@ -326,7 +326,7 @@ def _check_number(probs: _Problems, raw: Cells, col: str, what: str, minimum: in
 # ISO-8601 date and time (T or space), 1..9 fractional digits, optional Z / +HH:MM offset.
 # Years 1700..2259 keep nanoseconds since 1970 inside int64 (numpy would wrap silently).
 _DATETIME_CORE = r"(?:1[7-9]\d\d|2[01]\d\d|22[0-5]\d)-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d{1,9})?"
-_DATETIME = re.compile(rf"\s*({_DATETIME_CORE})(Z|[+-]\d\d:?\d\d)?\s*")
+_DATETIME = re.compile(rf"\s*({_DATETIME_CORE})(Z|[+-](?:[01]\d|2[0-3]):?[0-5]\d)?\s*")  # offsets as ISO 8601: < 24 h
 _DATETIMES_PLAIN = re.compile(rf"(?:{_DATETIME_CORE}\n)*{_DATETIME_CORE}")  # a whole column, no offsets
 _DATETIME_HELP = "expected YYYY-MM-DD HH:MM:SS[.fffffffff], optionally with a Z or +HH:MM offset"
 
