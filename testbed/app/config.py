@@ -85,7 +85,8 @@ class CostModelConfig:
 class BackendConfig:
     """Which backend replays the trace. Keys marked `sim_only` (with the reason) mean nothing to the
     engine, which serves one replica on one device and runs every step: backend=engine refuses
-    them at any value but their default rather than ignore them (`testbed.app.validate`)."""
+    them at any value but their default rather than ignore them (`testbed.app.validate`); so does
+    backend=vllm (real vLLM, in-process: `testbed.vllm_backend`)."""
 
     name: str = "sim"
     replicas: int = bounded(1, ge=1, sim_only="the engine serves one replica")
@@ -98,6 +99,9 @@ class BackendConfig:
     dtype: Optional[str] = None  # null: the model's dtype
     cuda_graphs: bool = True  # on a GPU, decode-only steps replay CUDA graphs (engine/decode_graphs.py)
     cuda_graph_max_tokens: int = bounded(262_144, ge=1)  # largest batch x gathered context given a graph; larger steps run eagerly
+    # backend=vllm only: "native" (vLLM's own V1 scheduler decides, the testbed records) or "policy"
+    # (the testbed's policy decides, applied through vLLM's KV primitives)
+    scheduler: str = "native"
 
 
 @dataclass

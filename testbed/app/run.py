@@ -233,7 +233,11 @@ def run(cfg: DictConfig, stop: Callable[[], bool] | None = None) -> RunResult:
         return simulate(cfg, stop)
     if cfg.backend.name == "engine":
         return replay_on_engine(cfg, stop)
-    raise ValueError(f"backend.name={cfg.backend.name!r}: expected sim or engine")
+    if cfg.backend.name == "vllm":
+        from testbed.app.vllm_run import replay_on_vllm
+
+        return replay_on_vllm(cfg, stop)
+    raise ValueError(f"backend.name={cfg.backend.name!r}: expected sim, engine or vllm")
 
 
 @contextlib.contextmanager

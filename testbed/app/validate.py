@@ -28,6 +28,9 @@ from testbed.app.plugins import load_policies
 from testbed.core.bounds import bounds_of, range_problem
 
 
+VLLM_SCHEDULERS = ("native", "policy")
+
+
 class ConfigError(ValueError):
     """The config names keys or values that cannot run; the message lists each one."""
 
@@ -35,11 +38,16 @@ class ConfigError(ValueError):
 def check_config(cfg: DictConfig, backend: str | None = None) -> None:
     """Raise ConfigError listing every key of `cfg` that its schema does not declare, every
     numeric value outside the range its field declares (`testbed.core.bounds`), and, when the
-    run uses the engine (`backend`, else `cfg.backend.name`), every simulator-only key set."""
+    run uses the engine or vLLM (`backend`, else `cfg.backend.name`), every simulator-only key set
+    (the engine and vLLM serve one replica and run every step)."""
     problems = [p for path, node, schema in schema_nodes(cfg)
                 for p in unknown_keys(path, node, schema) + out_of_range(path, node, schema)]
-    if (backend or cfg.backend.get("name")) == "engine":
-        problems += sim_only_keys_set(cfg)
+    name = backend or cfg.backend.get("name")
+    if name in ("engine", "vllm"):
+        problems += sim_only_keys_set(cfg, name)
+    if name == "vllm" and cfg.backend.get("scheduler", "native") not in VLLM_SCHEDULERS:
+        problems.append(f"backend.scheduler={cfg.backend.scheduler}: expected one of {', '.join(VLLM_SCHEDULERS)} "
+                        "(native: vLLM's own scheduler; policy: the testbed's policy inside vLLM)")
     if problems:
         raise ConfigError(f"config: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
 
@@ -83,10 +91,10 @@ def out_of_range(path: str, node: DictConfig, schema: type | None) -> list[str]:
     return out
 
 
-def sim_only_keys_set(cfg: DictConfig) -> list[str]:
+def sim_only_keys_set(cfg: DictConfig, backend: str = "engine") -> list[str]:
     """The backend keys that only the simulator reads, set to anything but their default."""
     return [f"backend.{f.name}={_as_override(cfg.backend[f.name])}: the simulator's only ({f.metadata['sim_only']}); "
-            f"backend=engine would ignore it: leave it at {_as_override(f.default)}"
+            f"backend={backend} would ignore it: leave it at {_as_override(f.default)}"
             for f in dataclasses.fields(BackendConfig)
             if "sim_only" in f.metadata and cfg.backend.get(f.name, f.default) != f.default]
 

@@ -1,0 +1,71 @@
+"""backend=vllm: the configured trace replayed on real vLLM, written as every other backend's run.
+
+The model preset is built with its seeded random weights and saved to a temporary folder
+(vLLM loads models from disk; nothing is downloaded), or a local checkpoint is handed over
+as it is. Prompts are `PromptTokens`, as on the engine, so prefix sharing is real. vLLM is
+checked first (`require_vllm`): without it, or outside the supported versions, the run stops
+before anything is built, saying how to install it.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from typing import Callable
+
+from omegaconf import DictConfig
+
+from testbed.core.specs import ModelSpec
+from testbed.vllm_backend import require_vllm
+
+log = logging.getLogger("testbed")
+
+
+def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None):
+    """Replay the trace in real time on an in-process vLLM engine (`backend.scheduler` decides who schedules)."""
+    version = require_vllm()
+    from testbed.app.run import _obj, finish, prepare
+    from testbed.engine.models import build_model, checkpoint_folder
+    from testbed.engine.prompts import PromptTokens
+    from testbed.vllm_backend.engine import EngineSettings, build_engine, check_model
+    from testbed.vllm_backend.recording import SchedulerLog
+    from testbed.vllm_backend.replay import VLLMReplay
+
+    t0 = time.perf_counter()
+    mode = cfg.backend.scheduler
+    if mode != "native":
+        raise ValueError(f"backend.scheduler={mode}: only native is implemented so far "
+                         "(policy, the testbed's policy inside vLLM, is issue #11's next step)")
+    spec = _obj(cfg.model, ModelSpec)
+    dtype = cfg.backend.dtype or spec.dtype
+    check_model(spec.head_dim, "model.head_dim")
+    setup = prepare(cfg, model=spec)
+    max_len = cfg.scheduler.max_model_len or spec.max_model_len
+    kc = cfg.kv
+    with tempfile.TemporaryDirectory(prefix="testbed-vllm-model-") as folder:
+        if spec.checkpoint and not spec.random_weights:
+            folder = str(checkpoint_folder(spec.checkpoint))
+        else:
+            build_model(spec, dtype, "cpu", seed=cfg.seed).save_pretrained(folder)
+        settings = EngineSettings(folder, dtype=dtype, max_model_len=max_len,
+                                  max_num_seqs=cfg.scheduler.max_num_seqs,
+                                  max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
+                                  enable_prefix_caching=kc.enable_prefix_caching, num_blocks=kc.num_blocks,
+                                  kv_cache_bytes=int(kc.cpu_kv_cache_gb * 1e9) if kc.cpu_kv_cache_gb else None,
+                                  seed=cfg.seed)
+        slog = SchedulerLog()
+        engine = build_engine(settings, slog)  # the folder outlives the run: vLLM may read it again
+        log.info("vLLM %s ready (%s scheduler, %d KV blocks of %d tokens): replaying %d requests on the wall clock",
+                 version, mode, slog.num_blocks, slog.block_size, len(setup.requests))
+        replay = VLLMReplay(engine, slog, setup.requests, PromptTokens(spec.vocab_size, cfg.seed), max_len,
+                            cfg.backend.horizon_s, cfg.output.record_token_times)
+        result = finish(cfg, setup, replay.run(stop), "vllm", t0)
+    result.summary.update(block_size=slog.block_size, vllm_version=version, vllm_scheduler=mode,
+                          device=engine_device(), dtype=dtype)
+    return result
+
+
+def engine_device() -> str:
+    from vllm.platforms import current_platform
+
+    return "cpu" if current_platform.is_cpu() else str(getattr(current_platform, "device_name", "gpu"))

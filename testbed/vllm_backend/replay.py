@@ -1,0 +1,170 @@
+"""Wall-clock trace replay against a vLLM engine, recorded as the testbed's own types.
+
+Arrivals are handed to vLLM (`add_request`) when the wall clock passes their trace time;
+`engine.step()` runs one scheduler step and one forward; a token's time is when the step
+that produced it returned. Each request is a `RequestState` (status, first scheduled,
+token times, preemptions, prefix hits) and each step a row of a `StepSeries`, from the
+scheduler's log, so `testbed.app.run.finish()` turns a vLLM run into the same files as the
+simulator's and the engine's. Every output length is fixed: max_tokens = min_tokens =
+output_len with ignore_eos, greedy.
+
+A request whose prompt + output exceeds max_model_len is rejected here with the testbed's
+`too-long` reason (vLLM would raise on add_request); one that can never fit in the KV
+cache, with `exceeds-kv` (vLLM would wait on it forever).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from testbed.core.loop import ReplayOutcome, StepSeries
+from testbed.core.request import Request, RequestState, Status
+from testbed.vllm_backend.recording import SchedulerLog
+
+
+@dataclass
+class KVStats:
+    """The KV figures `finish()` reads from a loop's BlockManager."""
+
+    num_blocks: int
+    block_size: int
+    hit_tokens: int = 0  # prefix-cache hits over admissions (vLLM's, incl. a preempted request's own blocks)
+    queried_tokens: int = 0  # known tokens (prompt + output so far) looked up, over admissions
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+
+@dataclass
+class VLLMRun:
+    """A vLLM replay in the shape of a StepLoop as `finish()` reads it: states, itl, series, kv."""
+
+    kv: KVStats
+    states: list[RequestState] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+    series: StepSeries = field(default_factory=StepSeries)
+
+
+class VLLMReplay:
+    def __init__(self, engine, log: SchedulerLog, requests: Sequence[Request],
+                 prompt_tokens: Callable[[Request], list[int]], max_model_len: int,
+                 horizon_s: float | None = None, record_token_times: bool = False,
+                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep):
+        self.engine, self.log, self.requests = engine, log, requests
+        self.prompt_tokens, self.max_model_len = prompt_tokens, max_model_len
+        self.horizon = horizon_s if horizon_s is not None else float("inf")
+        self.record_token_times = record_token_times
+        self.clock, self.sleep = clock, sleep
+        self.run_record = VLLMRun(KVStats(log.num_blocks, log.block_size))
+        self.by_id: dict[str, RequestState] = {}  # vLLM's internal id and our external id -> state
+        self.live: dict[int, RequestState] = {}
+
+    def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
+        reqs, rec = self.requests, self.run_record
+        delivered = 0
+        interrupted = False
+        t0 = self.clock()
+        self.log.steps.clear()
+        try:
+            while True:
+                if stop is not None and stop():
+                    interrupted = True
+                    break
+                now = self.clock() - t0
+                while delivered < len(reqs) and reqs[delivered].arrival <= now and reqs[delivered].arrival < self.horizon:
+                    self._arrive(reqs[delivered], now)
+                    delivered += 1
+                if now >= self.horizon:
+                    break
+                if self.live:
+                    outputs = self.engine.step()
+                    self._record(outputs, self.clock() - t0, t0)
+                    continue
+                if delivered >= len(reqs) or reqs[delivered].arrival >= self.horizon:
+                    break
+                wait = max(0.0, min(reqs[delivered].arrival, self.horizon) - (self.clock() - t0))
+                while wait > 0 and not (stop is not None and stop()):
+                    self.sleep(min(wait, 0.1))
+                    wait = min(reqs[delivered].arrival, self.horizon) - (self.clock() - t0)
+        except KeyboardInterrupt:
+            interrupted = True
+        end = self.clock() - t0
+        reason = "interrupted" if interrupted else "unfinished at the horizon"
+        for s in self.live.values():
+            s.reject_reason = reason
+        if self.live:
+            self.engine.abort_request([str(i) for i in self.live])
+        self.live.clear()
+        return ReplayOutcome([rec], list(reqs[delivered:]), end, False, interrupted)
+
+    def _arrive(self, req: Request, now: float) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        s = RequestState(req)
+        self.run_record.states.append(s)
+        if self.record_token_times:
+            s.token_times = []
+        total = req.prompt_len + req.output_len
+        kv = self.run_record.kv
+        if total > self.max_model_len:
+            reason = (f"too-long: prompt {req.prompt_len} + output {req.output_len} = {total} tokens "
+                      f"> max_model_len {self.max_model_len}")
+        elif kv.blocks_for(total) > kv.num_blocks:
+            reason = f"exceeds-kv: needs {kv.blocks_for(total)} KV blocks, the cache has {kv.num_blocks}"
+        else:
+            reason = ""
+        if reason:
+            s.status, s.reject_reason, s.finish_time = Status.REJECTED, reason, now
+            return
+        params = SamplingParams(max_tokens=req.output_len, min_tokens=req.output_len, ignore_eos=True,
+                                temperature=0.0, output_kind=RequestOutputKind.DELTA)
+        internal = self.engine.add_request(str(req.id), {"prompt_token_ids": self.prompt_tokens(req)}, params)
+        self.by_id[internal] = self.by_id[str(req.id)] = s
+        self.live[req.id] = s
+
+    def _record(self, outputs, end: float, t0: float) -> None:
+        """One engine step: the scheduler's log rows into the series and the states, then the tokens."""
+        rec, by_id = self.run_record, self.by_id
+        series = rec.series
+        logs, self.log.steps[:] = list(self.log.steps), []
+        for i, step in enumerate(logs):
+            start = step.start - t0
+            stop = logs[i + 1].start - t0 if i + 1 < len(logs) else end
+            series.start.append(start)
+            series.duration.append(stop - start)
+            series.prefill_tokens.append(sum(n for rid, n in step.tokens.items() if rid not in step.decodes))
+            series.decode_tokens.append(len(step.decodes))
+            series.running.append(step.running)
+            series.waiting.append(step.waiting)
+            series.kv_used_blocks.append(step.kv_used_blocks)
+            series.preemptions.append(len(step.preempted))
+            series.steps.append(1)
+            for rid in step.preempted:
+                s = by_id[rid]
+                s.num_preemptions += 1
+                s.status = Status.WAITING
+            for rid, (hit, known) in step.admitted.items():
+                s = by_id[rid]
+                s.status = Status.RUNNING
+                if s.first_scheduled < 0:
+                    s.first_scheduled = start
+                s.prefix_hit_tokens += hit
+                rec.kv.hit_tokens += hit
+                rec.kv.queried_tokens += known
+        for out in outputs:
+            s = by_id[out.request_id]
+            new = len(out.outputs[0].token_ids) if out.outputs else 0
+            for _ in range(new):
+                s.num_generated += 1
+                if s.first_token_time < 0:
+                    s.first_token_time = end
+                else:
+                    rec.itl.append(end - s.last_token_time)
+                s.last_token_time = end
+                if s.token_times is not None:
+                    s.token_times.append(end)
+            if out.finished:
+                s.status, s.finish_time = Status.FINISHED, end
+                del self.live[s.req.id]

