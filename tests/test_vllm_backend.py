@@ -122,3 +122,42 @@ def test_too_long_requests_are_rejected_and_a_horizon_leaves_the_rest_unfinished
     # the first 30 Azure conv arrivals span 2 s at 10x: those after 1 s never arrive
     assert summary["completed"] > 0 and summary["unfinished"] > 0
     assert req[req.outcome == "unfinished"].reason.eq("arrives after the horizon").all()
+
+
+# --- with vLLM: the testbed's policy inside vLLM (backend.scheduler=policy) ------------------------
+def test_policy_mode_replays_40_azure_requests_under_kv_pressure(vllm, tmp_path):
+    req, steps, summary = run_vllm(tmp_path, "backend.scheduler=policy", "trace.max_requests=40",
+                                   "trace.rate_scale=40", "kv.num_blocks=5", "scheduler.max_model_len=512",
+                                   "trace.max_output_len=64")
+    check_accounting(req, steps, summary, 40)
+    assert summary["completed"] == 40 and summary["vllm_scheduler"] == "policy" and summary["num_preemptions"] > 0
+    assert summary["kv_blocks"] == 4 and (steps.kv_used_blocks <= 4).all()
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "orca"])
+def test_policy_mode_runs_other_policies(vllm, tmp_path, policy):
+    req, steps, summary = run_vllm(tmp_path, "backend.scheduler=policy", f"policy={policy}", "trace.max_requests=30",
+                                   "trace.rate_scale=20", "kv.num_blocks=16",
+                                   "scheduler.max_model_len=1024")
+    check_accounting(req, steps, summary, 30)
+    assert summary["completed"] == 30 and summary["policy"] == policy
+
+
+def test_policy_mode_with_the_vllm_policy_schedules_what_vllm_itself_schedules(vllm, tmp_path):
+    """All 30 requests arrive at once (rate x1e12) and the cache holds them all: no preemption, so
+    vLLM's own scheduler and the testbed's `vllm` policy must give every step the same tokens."""
+    common = ["trace.max_requests=30", "trace.rate_scale=1e12", "kv.num_blocks=128", "kv.enable_prefix_caching=false",
+              "scheduler.max_num_batched_tokens=1024"]
+    _, native, ns = run_vllm(tmp_path / "native", "backend.scheduler=native", *common)
+    _, policy, ps = run_vllm(tmp_path / "policy", "backend.scheduler=policy", *common)
+    assert ns["num_preemptions"] == ps["num_preemptions"] == 0 and ns["completed"] == ps["completed"] == 30
+    cols = ["prefill_tokens", "decode_tokens", "running", "waiting", "kv_used_blocks"]
+    assert len(native) == len(policy) > 30  # the budget of 1024 tokens splits the prompts over several steps
+    pd.testing.assert_frame_equal(native[cols], policy[cols])
+
+
+def test_policy_mode_refuses_swap_preemption_naming_the_knob(vllm):
+    with pytest.raises(ValueError, match=r"policy.preemption_mode=swap: backend=vllm runs vLLM V1, which preempts "
+                                         r"by recompute only .* set policy.preemption_mode=recompute"):
+        run(config("backend=vllm", "backend.scheduler=policy", "policy.preemption_mode=swap", *TINY,
+                   "trace.max_requests=5"))

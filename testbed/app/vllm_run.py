@@ -29,17 +29,22 @@ def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None):
     from testbed.engine.prompts import PromptTokens
     from testbed.vllm_backend.engine import EngineSettings, build_engine, check_model
     from testbed.vllm_backend.recording import SchedulerLog
+    from testbed.app.plugins import make_policy
+    from testbed.core.kv import BlockManager
+    from testbed.core.loop import StepLoop
+    from testbed.vllm_backend.policy import PolicyBridge, swap_knob_problem
+    from testbed.vllm_backend.policy import scheduler_class as policy_scheduler
+    from testbed.vllm_backend.policy_replay import PolicyReplay
     from testbed.vllm_backend.replay import VLLMReplay
 
     t0 = time.perf_counter()
     mode = cfg.backend.scheduler
-    if mode != "native":
-        raise ValueError(f"backend.scheduler={mode}: only native is implemented so far "
-                         "(policy, the testbed's policy inside vLLM, is issue #11's next step)")
     spec = _obj(cfg.model, ModelSpec)
     dtype = cfg.backend.dtype or spec.dtype
     check_model(spec.head_dim, "model.head_dim")
     setup = prepare(cfg, model=spec)
+    if mode == "policy" and (problem := swap_knob_problem(setup.knobs, cfg.policy.name)):
+        raise ValueError(problem)
     max_len = cfg.scheduler.max_model_len or spec.max_model_len
     kc = cfg.kv
     with tempfile.TemporaryDirectory(prefix="testbed-vllm-model-") as folder:
@@ -50,17 +55,29 @@ def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None):
         settings = EngineSettings(folder, dtype=dtype, max_model_len=max_len,
                                   max_num_seqs=cfg.scheduler.max_num_seqs,
                                   max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
-                                  enable_prefix_caching=kc.enable_prefix_caching, num_blocks=kc.num_blocks,
+                                  # policy mode: off on both sides (testbed/vllm_backend/policy.py says why)
+                                  enable_prefix_caching=kc.enable_prefix_caching and mode == "native",
+                                  num_blocks=kc.num_blocks,
                                   kv_cache_bytes=int(kc.cpu_kv_cache_gb * 1e9) if kc.cpu_kv_cache_gb else None,
                                   seed=cfg.seed)
-        slog = SchedulerLog()
-        engine = build_engine(settings, slog)  # the folder outlives the run: vLLM may read it again
+        prompts = PromptTokens(spec.vocab_size, cfg.seed)
+        slog, bridge = SchedulerLog(), PolicyBridge()
+        # the folder outlives the run: vLLM may read it again
+        engine = build_engine(settings, slog, policy_scheduler(bridge) if mode == "policy" else None)
+        blocks, block_size = (slog.num_blocks, slog.block_size) if mode == "native" else (bridge.num_blocks,
+                                                                                          bridge.block_size)
         log.info("vLLM %s ready (%s scheduler, %d KV blocks of %d tokens): replaying %d requests on the wall clock",
-                 version, mode, slog.num_blocks, slog.block_size, len(setup.requests))
-        replay = VLLMReplay(engine, slog, setup.requests, PromptTokens(spec.vocab_size, cfg.seed), max_len,
-                            cfg.backend.horizon_s, cfg.output.record_token_times)
+                 version, mode, blocks, block_size, len(setup.requests))
+        if mode == "native":
+            replay = VLLMReplay(engine, slog, setup.requests, prompts, max_len, cfg.backend.horizon_s,
+                                cfg.output.record_token_times)
+        else:  # the testbed's loop, on a BlockManager shaped as vLLM's cache, decides each step
+            bridge.loop = StepLoop(make_policy(cfg.policy.name, **setup.knobs),
+                                   BlockManager(blocks, block_size, False, 0), setup.limits, setup.cost,
+                                   record_token_times=cfg.output.record_token_times)
+            replay = PolicyReplay(engine, bridge, setup.requests, prompts, cfg.backend.horizon_s)
         result = finish(cfg, setup, replay.run(stop), "vllm", t0)
-    result.summary.update(block_size=slog.block_size, vllm_version=version, vllm_scheduler=mode,
+    result.summary.update(block_size=block_size, vllm_version=version, vllm_scheduler=mode,
                           device=engine_device(), dtype=dtype)
     return result
 

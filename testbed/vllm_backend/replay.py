@@ -46,6 +46,15 @@ class VLLMRun:
     series: StepSeries = field(default_factory=StepSeries)
 
 
+def sampling_params(req: Request):
+    """Exactly the trace's output length, greedy; each step's output holds only its new tokens."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(max_tokens=req.output_len, min_tokens=req.output_len, ignore_eos=True,
+                          temperature=0.0, output_kind=RequestOutputKind.DELTA)
+
+
 class VLLMReplay:
     def __init__(self, engine, log: SchedulerLog, requests: Sequence[Request],
                  prompt_tokens: Callable[[Request], list[int]], max_model_len: int,
@@ -99,9 +108,6 @@ class VLLMReplay:
         return ReplayOutcome([rec], list(reqs[delivered:]), end, False, interrupted)
 
     def _arrive(self, req: Request, now: float) -> None:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         s = RequestState(req)
         self.run_record.states.append(s)
         if self.record_token_times:
@@ -118,9 +124,8 @@ class VLLMReplay:
         if reason:
             s.status, s.reject_reason, s.finish_time = Status.REJECTED, reason, now
             return
-        params = SamplingParams(max_tokens=req.output_len, min_tokens=req.output_len, ignore_eos=True,
-                                temperature=0.0, output_kind=RequestOutputKind.DELTA)
-        internal = self.engine.add_request(str(req.id), {"prompt_token_ids": self.prompt_tokens(req)}, params)
+        internal = self.engine.add_request(str(req.id), {"prompt_token_ids": self.prompt_tokens(req)},
+                                           sampling_params(req))
         self.by_id[internal] = self.by_id[str(req.id)] = s
         self.live[req.id] = s
 

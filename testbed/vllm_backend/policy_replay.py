@@ -1,0 +1,98 @@
+"""Wall-clock replay for `backend.scheduler=policy`: the testbed's step loop drives vLLM.
+
+As the engine's replay (testbed/engine/replay.py), except that the step runs in vLLM: the
+loop arrives requests, `engine.step()` calls the PolicyScheduler (which asks the loop to plan
+and applies the plan in vLLM), and the loop completes the batch at the wall time the step
+returned. The loop does all bookkeeping, so token times, ITL, preemptions and steps come out
+as in the simulator; each step, vLLM's count of tokens produced is checked against the loop's.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+from testbed.core.loop import ReplayOutcome
+from testbed.core.request import Request, Status
+from testbed.vllm_backend.policy import PlanNotApplicable, PolicyBridge
+from testbed.vllm_backend.replay import sampling_params
+
+
+class PolicyReplay:
+    def __init__(self, engine, bridge: PolicyBridge, requests: Sequence[Request],
+                 prompt_tokens: Callable[[Request], list[int]], horizon_s: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep):
+        self.engine, self.bridge, self.requests, self.prompt_tokens = engine, bridge, requests, prompt_tokens
+        self.horizon = horizon_s if horizon_s is not None else float("inf")
+        self.clock, self.sleep = clock, sleep
+        bridge.clock = clock
+        self.produced: dict[int, int] = {}  # tokens vLLM has returned, per testbed id
+
+    def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
+        loop, reqs, bridge = self.bridge.loop, self.requests, self.bridge
+        delivered = 0
+        stalled = interrupted = False
+        t0 = bridge.t0 = self.clock()
+        try:
+            while True:
+                if stop is not None and stop():
+                    interrupted = True
+                    break
+                now = self.clock() - t0
+                while delivered < len(reqs) and reqs[delivered].arrival <= now and reqs[delivered].arrival < self.horizon:
+                    self._arrive(reqs[delivered], now)
+                    delivered += 1
+                if now >= self.horizon:
+                    break
+                if loop.has_work:
+                    outputs = self.engine.step()
+                    end = self.clock() - t0
+                    self._complete(outputs, end)
+                    if bridge.batch is not None:
+                        continue
+                if delivered >= len(reqs) or reqs[delivered].arrival >= self.horizon:
+                    if loop.has_work:
+                        stalled = True
+                        self._abort()
+                        loop.abandon(f"stalled: policy {loop.policy_name!r} scheduled nothing and no arrivals were left")
+                    break
+                wait = max(0.0, min(reqs[delivered].arrival, self.horizon) - (self.clock() - t0))
+                while wait > 0 and not (stop is not None and stop()):
+                    self.sleep(min(wait, 0.1))
+                    wait = min(reqs[delivered].arrival, self.horizon) - (self.clock() - t0)
+        except KeyboardInterrupt:
+            interrupted = True
+        end = self.clock() - t0
+        if loop.has_work:
+            self._abort()
+            loop.abandon("interrupted" if interrupted else "unfinished at the horizon")
+        return ReplayOutcome([loop], list(reqs[delivered:]), end, stalled, interrupted)
+
+    def _arrive(self, req: Request, now: float) -> None:
+        s = self.bridge.loop.arrive(req, now)
+        if s.status is Status.REJECTED:
+            return
+        internal = self.engine.add_request(str(req.id), {"prompt_token_ids": self.prompt_tokens(req)},
+                                           sampling_params(req))
+        self.bridge.vllm_id[req.id] = internal
+        self.bridge.testbed_id[internal] = req.id
+        self.produced[req.id] = 0
+
+    def _complete(self, outputs, end: float) -> None:
+        for out in outputs:
+            rid = int(out.request_id)
+            self.produced[rid] += len(out.outputs[0].token_ids) if out.outputs else 0
+        batch = self.bridge.batch
+        if batch is None:
+            if any(outputs):
+                raise PlanNotApplicable("vLLM returned tokens from a step the testbed loop scheduled nothing in")
+            return
+        self.bridge.loop.complete(batch, end)
+        for s, _ in batch.items:
+            if self.produced[s.req.id] != s.num_generated:
+                raise PlanNotApplicable(f"request {s.req.id}: vLLM produced {self.produced[s.req.id]} tokens, the "
+                                        f"testbed loop counts {s.num_generated}")
+
+    def _abort(self) -> None:
+        live = [str(i) for i in self.bridge.loop.live]
+        if live:
+            self.engine.abort_request(live)
