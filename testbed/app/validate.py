@@ -48,6 +48,11 @@ def check_config(cfg: DictConfig, backend: str | None = None) -> None:
     if name == "vllm" and cfg.backend.get("scheduler", "native") not in VLLM_SCHEDULERS:
         problems.append(f"backend.scheduler={cfg.backend.scheduler}: expected one of {', '.join(VLLM_SCHEDULERS)} "
                         "(native: vLLM's own scheduler; policy: the testbed's policy inside vLLM)")
+    if name == "vllm" and cfg.backend.get("scheduler") == "policy" and "policy" in cfg:
+        from testbed.vllm_backend.policy import swap_knob_problem  # imports no vLLM
+
+        if problem := swap_knob_problem(dict(cfg.policy), cfg.policy.get("name")):
+            problems.append(problem)
     if problems:
         raise ConfigError(f"config: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
 

@@ -26,7 +26,7 @@ class EngineSettings:
     max_num_batched_tokens: int = 8192
     enable_prefix_caching: bool = True
     num_blocks: int | None = None  # vLLM's num_gpu_blocks_override
-    kv_cache_bytes: int | None = None  # vLLM's kv_cache_memory_bytes (on a CPU: VLLM_CPU_KVCACHE_SPACE's role)
+    kv_cache_bytes: int | None = None  # on a CPU only: vLLM's kv_cache_memory_bytes (VLLM_CPU_KVCACHE_SPACE's role)
     seed: int = 0
 
 
@@ -36,13 +36,16 @@ def build_engine(settings: EngineSettings, log: SchedulerLog, scheduler_cls=None
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms import current_platform
     from vllm.v1.engine.llm_engine import LLMEngine
 
     args = EngineArgs(model=settings.model_dir, skip_tokenizer_init=True, dtype=settings.dtype,
                       enforce_eager=True, max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
                       max_num_batched_tokens=settings.max_num_batched_tokens,
                       enable_prefix_caching=settings.enable_prefix_caching,
-                      num_gpu_blocks_override=settings.num_blocks, kv_cache_memory_bytes=settings.kv_cache_bytes,
+                      num_gpu_blocks_override=settings.num_blocks,
+                      # on a GPU vLLM sizes the cache from gpu_memory_utilization, as it always does
+                      kv_cache_memory_bytes=settings.kv_cache_bytes if current_platform.is_cpu() else None,
                       scheduler_cls=scheduler_cls or scheduler_class(log), async_scheduling=False,
                       seed=settings.seed, disable_log_stats=True)
     return LLMEngine.from_engine_args(args)
