@@ -8,7 +8,7 @@ keep its own state (queues, counters) and update it from the `on_arrival` /
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from testbed.core.bounds import check_ranges
 from testbed.core.plan import Plan
