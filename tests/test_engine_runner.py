@@ -85,7 +85,7 @@ class Harness:
         out = self.runner.execute(items, self.tokens)
         for s, n in items:
             s.num_computed += n
-            self.kv.commit(s)
+            self.kv.register(s, s.num_computed)
             if s.num_computed == len(self.tokens[s.id]):
                 self.tokens[s.id].append(out.pop(s.id))
                 s.num_generated += 1
@@ -292,7 +292,7 @@ def test_step_loop_with_preemption(model, mode):
 
     reqs = [Request(i, 0.0, p, N, (7, 8) if i % 2 else (), 16) for i, p in enumerate((20, 37, 12, 33, 26))]
     kv = BlockManager(14, BS, True, 64)
-    loop = StepLoop(make_policy("vllm", preemption_mode=mode), kv, SchedulerLimits(24, 8, 512))
+    loop = StepLoop(make_policy("vllm", preemption_mode=mode, reserve_full_isl=False), kv, SchedulerLimits(24, 8, 512))
     cache = PagedKVCache.for_model(model.config, 14, BS, dtype=torch.float32)
     prompts = PromptTokens(512, seed=0)
 

@@ -21,7 +21,7 @@ def run_prefill(kv, s, tokens=None):
     n = (tokens if tokens is not None else s.req.prompt_len) - s.num_computed
     kv.allocate(s, n)
     s.num_computed += n
-    kv.commit(s)
+    kv.register(s, s.num_computed)
 
 
 def test_allocate_and_free_counts():
@@ -164,7 +164,7 @@ def test_no_block_leaked_or_double_owned(num_blocks, block_size, host, prefix, o
             if kv.can_allocate(kv.blocks_needed(s, n)):
                 kv.allocate(s, n)
                 s.num_computed += n
-                kv.commit(s)
+                kv.register(s, s.num_computed)
                 states[slot] = s
             else:
                 free_before = kv.num_free_blocks
@@ -177,7 +177,7 @@ def test_no_block_leaked_or_double_owned(num_blocks, block_size, host, prefix, o
             if kv.can_allocate(kv.blocks_needed(s, n)):
                 kv.allocate(s, n)
                 s.num_computed += n
-                kv.commit(s)
+                kv.register(s, s.num_computed)
         elif op == "free" and s is not None:
             kv.free(s) if s.blocks else None
             if s.swapped_blocks:

@@ -21,8 +21,20 @@ from testbed.vllm_backend import require_vllm
 log = logging.getLogger("testbed")
 
 
-def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None):
-    """Replay the trace in real time on an in-process vLLM engine (`backend.scheduler` decides who schedules)."""
+def native_settings(policy: str, knobs: dict) -> dict:
+    """vLLM's own scheduler settings from the `vllm` policy's knobs, so that `policy.*` configures
+    native vLLM as it configures the testbed's model of it; vLLM's defaults for any other policy."""
+    if policy != "vllm":
+        return {}
+    return {"enable_chunked_prefill": knobs.get("chunked_prefill", True),
+            "long_prefill_token_threshold": knobs.get("long_prefill_token_threshold", 0),
+            "scheduler_reserve_full_isl": knobs.get("reserve_full_isl", True)}
+
+
+def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None,
+                   on_done: Callable[..., None] | None = None):
+    """Replay the trace in real time on an in-process vLLM engine (`backend.scheduler` decides who schedules).
+    `on_done(setup, replay)` sees the replay before the engine is released (the referee reads its log)."""
     version = require_vllm()
     from testbed.app.run import _obj, finish, prepare
     from testbed.engine.models import build_model, checkpoint_folder
@@ -59,7 +71,8 @@ def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None):
                                   enable_prefix_caching=kc.enable_prefix_caching and mode == "native",
                                   num_blocks=kc.num_blocks,
                                   kv_cache_bytes=int(kc.cpu_kv_cache_gb * 1e9) if kc.cpu_kv_cache_gb else None,
-                                  seed=cfg.seed)
+                                  seed=cfg.seed,
+                                  **(native_settings(cfg.policy.name, setup.knobs) if mode == "native" else {}))
         prompts = PromptTokens(spec.vocab_size, cfg.seed)
         slog, bridge = SchedulerLog(), PolicyBridge()
         # the folder outlives the run: vLLM may read it again
@@ -77,6 +90,8 @@ def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None):
                                    record_token_times=cfg.output.record_token_times)
             replay = PolicyReplay(engine, bridge, setup.requests, prompts, cfg.backend.horizon_s)
         result = finish(cfg, setup, replay.run(stop), "vllm", t0)
+        if on_done is not None:
+            on_done(setup, replay)
     result.summary.update(block_size=block_size, vllm_version=version, vllm_scheduler=mode,
                           device=engine_device(), dtype=dtype)
     return result

@@ -5,14 +5,18 @@ its block ids index the real KV tensors, so a policy's KV decisions hold identic
 both. Prefix sharing follows vLLM's automatic prefix caching: a full block's content is
 named by a key chained over every token before it, a cached block with no owner stays
 reusable until it is evicted, least recently released first. Every operation costs
-O(blocks it touches), never O(cache size).
+O(blocks it touches), never O(cache size). `KVPreview` lets a policy plan admissions
+against the cache as its plan's earlier items will leave it.
 """
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import Iterable
 
 from testbed.core.request import Request, RequestState
+
+
+PRIVATE = 1 << 62  # num_cached_blocks of a request whose blocks must never be registered
 
 
 class KVCapacityError(Exception):
@@ -42,6 +46,28 @@ def prefix_block_keys(req: Request, block_size: int) -> tuple[int, ...]:
 
 
 class BlockManager:
+    """Blocks, reference counts and the prefix cache, as vLLM V1's BlockPool keeps them.
+
+    Rules (vLLM v0.32, vllm/v1/core/block_pool.py and kv_cache_manager.py):
+    - One free queue holds every block no request holds, cached or not
+      (`FreeKVCacheBlockQueue`, vllm/v1/core/kv_cache_utils.py L246); an allocation takes its
+      head and drops its content key if it had one (`_maybe_evict_cached_block`, block_pool.py
+      L729). A request releases its blocks tail first (`SingleTypeKVCacheManager.free`,
+      single_type_kv_cache_manager.py L581): cached ones to the queue's end, so they are
+      evicted least recently released first and a prefix's tail before its head, uncached
+      ones (a partial last block) to its front, to be reused first (`BlockPool.free_blocks`,
+      block_pool.py L774).
+    - Every full block of every request is cached under a key chained over the whole sequence
+      up to its end (`hash_block_tokens`), registered when the request is scheduled
+      (`KVCacheManager.allocate_slots` -> `cache_blocks`), so a request later in the same step
+      can hit it. A trace's prefix hashes name shared content; the rest of a sequence (prompt
+      tail, outputs) gets keys of its own request, so only that request, resumed after a
+      recompute preemption, can hit them. Two blocks may hold one key: a lookup takes the
+      first registered (`BlockHashToBlockMap.get_one_block`, block_pool.py L62).
+    - A hit is full blocks only and leaves at least one token to compute
+      (`KVCacheManager.get_computed_blocks`, kv_cache_manager.py L295: `max_cache_hit_length = num_tokens - 1`).
+    """
+
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  num_host_blocks: int = 0):
         if num_blocks < 1:
@@ -55,10 +81,9 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.num_host_blocks = num_host_blocks
         self._ref = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
-        self._cached: dict[int, int] = {}  # key -> block
+        self._queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # unowned blocks, LRU first
+        self._cached: dict[int, list[int]] = {}  # key -> blocks holding that content, first registered first
         self._key_of: dict[int, int] = {}  # block -> key
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks with no owner, LRU first
         self._host_used = 0
         self.hit_tokens = 0  # prefix-cache statistics, over admissions
         self.queried_tokens = 0
@@ -66,11 +91,11 @@ class BlockManager:
     # --- capacity -------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free) + len(self._evictable)
+        return len(self._queue)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free) - len(self._evictable)
+        return self.num_blocks - len(self._queue)
 
     @property
     def num_free_host_blocks(self) -> int:
@@ -80,143 +105,138 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._free) + len(self._evictable)
+        return num_blocks <= len(self._queue)
 
     def blocks_needed(self, state: RequestState, num_new_tokens: int) -> int:
         return max(0, self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks))
 
     def num_exclusive_blocks(self, state: RequestState) -> int:
-        """Blocks that would join the free pool if this request released its KV."""
-        if not state.req.prefix_hashes:  # never keyed, so never shared
+        """Blocks that would join the free queue if this request released its KV."""
+        if not state.req.prefix_hashes:  # its keys are its own: nobody else can hold its blocks
             return len(state.blocks)
         ref = self._ref
         return sum(1 for b in state.blocks if ref[b] == 1)
 
     # --- prefix cache -----------------------------------------------------------------------
-    def _keys(self, state: RequestState) -> tuple[int, ...]:
+    def key(self, state: RequestState, j: int) -> int:
+        """The content key of the request's block j (made on demand, chained)."""
         keys = state._block_keys
         if keys is None:
-            keys = state._block_keys = prefix_block_keys(state.req, self.block_size)
-        return keys
+            keys = state._block_keys = list(prefix_block_keys(state.req, self.block_size))
+        while len(keys) <= j:  # past the trace's shared prefix: content only this request has
+            keys.append(hash((keys[-1] if keys else 0, "own", state.req.id, len(keys))))
+        return keys[j]
+
+    def cached_block(self, key: int) -> int | None:
+        blocks = self._cached.get(key)
+        return blocks[0] if blocks else None
+
+    def may_hit(self, state: RequestState) -> bool:
+        """False when no block of the request can be cached: it shares no trace prefix and has
+        never been scheduled, so none of its own keys was ever registered."""
+        return self.enable_prefix_caching and bool(state.req.prefix_hashes or state.num_preemptions)
 
     def _matched_blocks(self, state: RequestState) -> int:
-        if not self.enable_prefix_caching or not state.req.prefix_hashes:
+        if not self.may_hit(state):
             return 0
         cap = (state.known_len - 1) // self.block_size  # leave at least one token to compute
         cached = self._cached
         n = 0
-        for key in self._keys(state):
-            if n >= cap or key not in cached:
-                break
+        while n < cap and self.key(state, n) in cached:
             n += 1
         return n
 
     def match_prefix(self, state: RequestState) -> int:
-        """Prompt tokens of a request holding no blocks that are already cached (read-only)."""
+        """Known tokens of a request holding no blocks that are already cached (read-only)."""
         return self._matched_blocks(state) * self.block_size
 
     def admission_blocks(self, state: RequestState, num_new_tokens: int) -> int:
         """Free blocks that admitting a waiting request with `num_new_tokens` would consume:
-        its new blocks plus the cached prefix blocks it takes off the evictable list."""
+        its new blocks plus the cached prefix blocks it takes off the free queue."""
         hit = self._matched_blocks(state)
-        keys, cached, evictable = self._keys(state), self._cached, self._evictable
-        revived = sum(1 for i in range(hit) if cached[keys[i]] in evictable)
+        queue = self._queue
+        revived = sum(1 for i in range(hit) if self.cached_block(self.key(state, i)) in queue)
         return self.blocks_for(hit * self.block_size + num_new_tokens) - hit + revived
 
-    def acquire_prefix(self, state: RequestState) -> int:
-        """Attach the cached prefix blocks to a request holding none; returns the hit in tokens."""
+    def acquire_prefix(self, state: RequestState, max_tokens: int | None = None) -> int:
+        """Attach the cached prefix blocks (at most `max_tokens` worth) to a request holding
+        none; returns the hit in tokens."""
         hit = self._matched_blocks(state)
-        self.queried_tokens += state.req.prompt_len
+        if max_tokens is not None:
+            hit = min(hit, max_tokens // self.block_size)
+        self.queried_tokens += state.known_len  # as vLLM counts a lookup: every known token
+        state.num_cached_blocks = hit
         if not hit:
-            state.num_cached_blocks = 0
             return 0
-        keys, cached, ref, evictable = self._keys(state), self._cached, self._ref, self._evictable
+        ref, queue = self._ref, self._queue
         for i in range(hit):
-            b = cached[keys[i]]
+            b = self._cached[self.key(state, i)][0]
             if ref[b] == 0:
-                del evictable[b]
+                del queue[b]
             ref[b] += 1
             state.blocks.append(b)
-        state.num_cached_blocks = hit
         self.hit_tokens += hit * self.block_size
         return hit * self.block_size
 
-    def commit(self, state: RequestState) -> None:
-        """Register the request's newly full, keyed blocks in the prefix cache.
-
-        If another block already holds a key, this request's copy stays private and the
-        chain stops there: later blocks of this request are not registered either.
-        """
-        if not self.enable_prefix_caching or not state.req.prefix_hashes:
-            return
-        keys = self._keys(state)
+    def register(self, state: RequestState, num_tokens: int) -> None:
+        """Cache the request's blocks that its first `num_tokens` tokens fill (called when the
+        tokens are scheduled, as vLLM's allocate_slots does)."""
+        full = num_tokens // self.block_size
         i = state.num_cached_blocks
-        full = min(state.num_computed // self.block_size, len(keys))
-        cached, key_of = self._cached, self._key_of
+        if i >= full or not self.enable_prefix_caching:
+            return
+        cached, key_of, blocks = self._cached, self._key_of, state.blocks
         while i < full:
-            key, b = keys[i], state.blocks[i]
+            key, b = self.key(state, i), blocks[i]
             if key in cached:
-                if cached[key] != b:
-                    state.num_cached_blocks = len(keys)  # chain broken: stop registering
-                    return
+                cached[key].append(b)
             else:
-                cached[key] = b
-                key_of[b] = key
+                cached[key] = [b]
+            key_of[b] = key
             i += 1
         state.num_cached_blocks = i
 
     # --- allocation -------------------------------------------------------------------------
     def _take(self) -> int:
-        if self._free:
-            return self._free.popleft()
-        b, _ = self._evictable.popitem(last=False)
-        del self._cached[self._key_of.pop(b)]
+        b, _ = self._queue.popitem(last=False)
+        key = self._key_of.pop(b, None)
+        if key is not None:
+            holders = self._cached[key]
+            holders.remove(b)
+            if not holders:
+                del self._cached[key]
+        self._ref[b] = 1
         return b
 
     def allocate(self, state: RequestState, num_new_tokens: int) -> None:
         need = self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks)
         if need <= 0:
             return
-        if need == 1 and self._free:  # the common case: a decode crossing into a new block
-            b = self._free.popleft()
-            self._ref[b] = 1
-            state.blocks.append(b)
-            return
-        free = len(self._free) + len(self._evictable)
-        if need > free:
-            raise KVCapacityError(f"needed {need} KV blocks, {free} free")
+        if need > len(self._queue):
+            raise KVCapacityError(f"needed {need} KV blocks, {len(self._queue)} free")
         self._grab(state.blocks, need)
 
     def _grab(self, blocks: list[int], need: int) -> None:
-        """Append `need` blocks (free list first, then LRU eviction) to `blocks`; capacity was checked."""
-        ref, free = self._ref, self._free
-        fresh = [free.popleft() for _ in range(min(need, len(free)))]
-        for b in fresh:
-            ref[b] = 1
-        blocks.extend(fresh)
-        for _ in range(need - len(fresh)):
-            b = self._take()
-            ref[b] = 1
-            blocks.append(b)
+        """Append `need` blocks from the free queue's head to `blocks`; capacity was checked."""
+        take = self._take
+        for _ in range(need):
+            blocks.append(take())
 
     def free(self, state: RequestState) -> None:
-        """Release every block, tail first, so a shared prefix's tail is evicted before its head."""
-        ref, key_of, evictable, free = self._ref, self._key_of, self._evictable, self._free
-        if not state.req.prefix_hashes:  # its blocks were never keyed, so never shared
-            blocks = state.blocks
-            for b in blocks:
-                ref[b] = 0
-            free.extend(reversed(blocks))
-            state.blocks = []
-            state.num_cached_blocks = 0
-            return
+        """Release every block, tail first: cached ones to the free queue's end (evicted last,
+        LRU), uncached ones to its front (reused first), as `BlockPool.free_blocks` does."""
+        ref, queue, key_of = self._ref, self._queue, self._key_of
+        first = []
         for b in reversed(state.blocks):
             ref[b] -= 1
             if ref[b] == 0:
                 if b in key_of:
-                    evictable[b] = None
+                    queue[b] = None
                 else:
-                    free.append(b)
+                    first.append(b)
+        for b in reversed(first):
+            queue[b] = None
+            queue.move_to_end(b, last=False)
         state.blocks = []
         state.num_cached_blocks = 0
 
@@ -232,18 +252,18 @@ class BlockManager:
 
     def swap_in(self, state: RequestState) -> int:
         n = state.swapped_blocks
-        free = len(self._free) + len(self._evictable)
-        if n > free:
-            raise KVCapacityError(f"swap in needed {n} KV blocks, {free} free")
+        if n > len(self._queue):
+            raise KVCapacityError(f"swap in needed {n} KV blocks, {len(self._queue)} free")
         self._grab(state.blocks, n)
-        state.num_cached_blocks = len(self._keys(state))  # swapped-in copies are private
+        state.num_cached_blocks = PRIVATE  # swapped-in copies are never registered
         self._host_used -= n
         state.swapped_blocks = 0
         return n
 
     # --- checking -------------------------------------------------------------------------------
     def check_invariants(self, states: Iterable[RequestState]) -> None:
-        """Every block is exactly one of free / evictable / owned, and ref counts match owners."""
+        """Every block is exactly one of free (queued) / owned, ref counts match owners, and
+        the cache's two maps agree."""
         owners = [0] * self.num_blocks
         host = 0
         for s in states:
@@ -251,16 +271,78 @@ class BlockManager:
             for b in s.blocks:
                 owners[b] += 1
             host += s.swapped_blocks
-        free = set(self._free)
-        assert len(free) == len(self._free), "a block is on the free list twice"
         for b in range(self.num_blocks):
-            where = (b in free) + (b in self._evictable) + (owners[b] > 0)
-            assert where == 1, f"block {b}: free={b in free} evictable={b in self._evictable} owners={owners[b]}"
+            where = (b in self._queue) + (owners[b] > 0)
+            assert where == 1, f"block {b}: queued={b in self._queue} owners={owners[b]}"
             assert self._ref[b] == owners[b], f"block {b}: ref count {self._ref[b]} but {owners[b]} owners"
             if owners[b] > 1:
                 assert b in self._key_of, f"block {b} is shared by {owners[b]} requests but is not a cached block"
-            if b in self._evictable:
-                assert b in self._key_of, f"block {b} is evictable but not cached"
-        for key, b in self._cached.items():
-            assert self._key_of.get(b) == key, f"cache maps key to block {b} but the block's key differs"
+        for key, blocks in self._cached.items():
+            assert blocks, f"key {key} maps to no block"
+            for b in blocks:
+                assert self._key_of.get(b) == key, f"cache maps key to block {b} but the block's key differs"
+        assert len(self._key_of) == sum(len(v) for v in self._cached.values()), "a keyed block is not in the cache"
         assert host == self._host_used, f"host blocks used {self._host_used}, swapped states hold {host}"
+
+
+class KVPreview:
+    """The cache as a plan's earlier items will leave it, read-only, for a policy that admits
+    the way vLLM does: one request after another, each seeing the blocks those before it
+    registered (requests sharing a prefix in one step share it), not the cached blocks their
+    allocations evicted from the free queue's head, and the free blocks they left.
+
+    The loop's `_apply` then does the same operations in the same order on the BlockManager,
+    so a plan made through a preview gets exactly the hits it counted on. Only the order
+    before any preemption is followed (vLLM admits nothing in a step that preempted).
+    """
+
+    def __init__(self, kv: BlockManager):
+        self.kv = kv
+        self._head = iter(kv._queue)  # the queue is not changed while a policy plans
+        self._taken: set[int] = set()  # queued blocks this plan's allocations take (and evict)
+        self._touched: set[int] = set()  # queued cached blocks this plan's hits take off the queue
+        self._new: set[int] = set()  # keys this plan's items register
+
+    def take(self, n: int) -> None:
+        """`n` blocks allocated from the free queue's head (evicting what they held)."""
+        taken, touched = self._taken, self._touched
+        for _ in range(n):
+            for b in self._head:
+                if b not in touched:
+                    taken.add(b)
+                    break
+
+    def _register(self, state: RequestState, start: int, num_tokens: int) -> None:
+        if self.kv.enable_prefix_caching:
+            for j in range(start, num_tokens // self.kv.block_size):
+                self._new.add(self.kv.key(state, j))
+
+    def match(self, state: RequestState) -> tuple[int, list[int]]:
+        """(full blocks a waiting request would hit, the queued blocks among them it would revive)."""
+        kv = self.kv
+        if not kv.may_hit(state):
+            return 0, []
+        cap = (state.known_len - 1) // kv.block_size
+        cached, queue, taken, touched, new = kv._cached, kv._queue, self._taken, self._touched, self._new
+        revive: list[int] = []
+        n = 0
+        while n < cap:
+            key = kv.key(state, n)
+            block = next((b for b in cached.get(key, ()) if b not in taken), None)
+            if block is None and key not in new:
+                break
+            if block is not None and block in queue and block not in touched:
+                revive.append(block)
+            n += 1
+        return n, revive
+
+    def admit(self, state: RequestState, hit: int, revive: list[int], num_tokens: int) -> None:
+        """A waiting request takes its hit (`match`) and `num_tokens` new tokens' blocks."""
+        self._touched.update(revive)
+        self.take(self.kv.blocks_for(hit * self.kv.block_size + num_tokens) - hit)
+        self._register(state, hit, hit * self.kv.block_size + num_tokens)
+
+    def schedule(self, state: RequestState, num_tokens: int) -> None:
+        """A running request is given `num_tokens` more."""
+        self.take(self.kv.blocks_needed(state, num_tokens))
+        self._register(state, state.num_cached_blocks, state.num_computed + num_tokens)

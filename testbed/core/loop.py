@@ -192,8 +192,8 @@ class StepLoop:
                     shape.swap_blocks += moved
                     swap_in = swap_in or []
                     swap_in.append((s, s.blocks[:moved]))
-                else:
-                    s.num_computed = kv.acquire_prefix(s)
+                else:  # never more hit than leaves the plan's n tokens to compute
+                    s.num_computed = kv.acquire_prefix(s, s.known_len - n)
                     s.prefix_hit_tokens += s.num_computed
                 s.status = _RUNNING
                 if s.first_scheduled < 0:
@@ -202,6 +202,8 @@ class StepLoop:
                 admitted += 1
             if s.num_computed + n > len(s.blocks) * bs:
                 self._guard_kv(kv.allocate, s, n)
+            if (s.num_computed + n) // bs > s.num_cached_blocks:
+                kv.register(s, s.num_computed + n)  # cached when scheduled, as vLLM's allocate_slots does
         if admitted:
             self._drop_admitted_from_waiting(admitted)
         return swap_out, swap_in, admitted
@@ -249,6 +251,7 @@ class StepLoop:
             return False
         for s, _ in items:
             kv.allocate(s, k)
+            kv.register(s, s.num_computed + k)
         batch.ends = ends
         self.series.steps[-1] = k
         return True
@@ -264,7 +267,6 @@ class StepLoop:
         any_finished = False
         for s, n in batch.items:
             s.num_computed += n
-            kv.commit(s)
             if s.num_computed == s.req.prompt_len + s.num_generated:
                 s.num_generated += 1
                 if s.first_token_time < 0:
@@ -345,7 +347,8 @@ class StepLoop:
                 raise PlanError(name, "preempt-and-schedule", f"request {s.req.id} is both preempted and scheduled")
             if type(n) is not int or n < 1:
                 raise PlanError(name, "token-count", f"request {s.req.id}: {n!r} tokens; a step gives a request an int >= 1")
-            avail = s.remaining if (s.blocks or s.status is _SWAPPED) else s.known_len - kv.match_prefix(s)
+            # a waiting request may be given all its known tokens: `_apply` then takes less of its prefix hit
+            avail = s.remaining if (s.blocks or s.status is _SWAPPED) else s.known_len
             if n > avail:
                 what = "a decode token before its prefill completes" if s.num_generated == 0 or s.remaining > 1 else "more than one decode token"
                 raise PlanError(name, "beyond-known-tokens",

@@ -77,7 +77,7 @@ class RequestState:
     finish_time: float = -1.0
     reject_reason: str = ""
     token_times: list[float] | None = None  # filled only when per-token times are recorded
-    _block_keys: tuple[int, ...] | None = None
+    _block_keys: list[int] | None = None  # content keys of its blocks, made on demand (BlockManager.key)
 
     @property
     def id(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from testbed.core.cost import BatchShape
+from testbed.core.kv import KVPreview
 from testbed.core.request import RequestState, Status
 
 if TYPE_CHECKING:
@@ -92,6 +93,11 @@ class SchedulerView:
         if s.status is Status.SWAPPED:
             return self._kv.blocks_for(s.num_computed + num_tokens)
         return self._kv.admission_blocks(s, num_tokens)
+
+    def kv_preview(self) -> KVPreview:
+        """A read-only preview of the cache that follows this step's plan as it is built, for
+        admissions that must see the prefix blocks earlier items register (see KVPreview)."""
+        return KVPreview(self._kv)
 
     def reclaimable_blocks(self, s: RequestState) -> int:
         """Blocks that preempting this running request would return to the free pool."""

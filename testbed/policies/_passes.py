@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from testbed.core.kv import KVPreview
 from testbed.core.plan import RECOMPUTE, SWAP, Plan
-from testbed.core.request import RequestState
+from testbed.core.request import RequestState, Status
 
 
 @dataclass
@@ -41,11 +42,13 @@ def preempt(plan: Plan, victim: RequestState, mode: str, b: StepBudget) -> None:
 
 
 def run_running(view, plan: Plan, order: list[RequestState], b: StepBudget, mode: str = RECOMPUTE,
-                cap: int | None = None, want: Callable[[RequestState], int] | None = None) -> list[RequestState]:
+                cap: int | None = None, want: Callable[[RequestState], int] | None = None,
+                preview: KVPreview | None = None) -> list[RequestState]:
     """Schedule running requests in `order`; victims are taken from the end of `order`.
 
     Returns the requests preempted. Stops at the first request that preempted itself or
-    when the budget is spent; requests after that stay running, unscheduled.
+    when the budget is spent; requests after that stay running, unscheduled. `preview`
+    (view.kv_preview()) is told of every allocation, for an `admit` that follows.
     """
     victims: list[RequestState] = []
     last = len(order)
@@ -63,6 +66,8 @@ def run_running(view, plan: Plan, order: list[RequestState], b: StepBudget, mode
         if last == i:  # the request preempted itself
             break
         plan.schedule(s, n)
+        if preview is not None:
+            preview.schedule(s, n)
         b.free_blocks -= need
         b.tokens -= n
         i += 1
@@ -72,23 +77,46 @@ def run_running(view, plan: Plan, order: list[RequestState], b: StepBudget, mode
 
 
 def admit(view, plan: Plan, candidates: Iterable[RequestState], b: StepBudget, chunked: bool = True,
-          cap: int | None = None, reserve: Callable[[RequestState, int], int] | None = None) -> int:
+          cap: int | None = None, reserve: Callable[[RequestState, int], int] | None = None,
+          preview: KVPreview | None = None, full_sequence_must_fit: bool = False) -> int:
     """Admit candidates in order while the sequence cap, budget and KV allow; stop at the
-    first that does not fit. `reserve(s, n)` overrides the blocks a request must find free
-    (e.g. its whole prompt + output, for policies that reserve up front). Returns the count."""
+    first that does not fit. Returns the count.
+
+    `reserve(s, n)` overrides the blocks a request must find free and takes them (e.g. its
+    whole prompt + output, for policies that reserve up front). `preview` plans each request
+    against the cache as the earlier ones leave it (vLLM's order: see KVPreview).
+    `full_sequence_must_fit` admits a request only if blocks for its whole known sequence are
+    free, while taking only its chunk's (vLLM's `scheduler_reserve_full_isl`).
+    """
     admitted = 0
+    bs = view.block_size
     for s in candidates:
         if b.tokens <= 0 or b.seqs >= view.max_num_seqs:
             break
-        want = view.num_new_tokens(s)
+        fresh = preview is not None and s.status is Status.WAITING  # a swapped request brings its own KV back
+        if fresh:
+            hit, revive = preview.match(s)
+            want = s.known_len - hit * bs
+        else:
+            want = view.num_new_tokens(s)
         if want > b.tokens and not chunked and want <= view.token_budget:
             break
         n = min(want, b.tokens, cap or b.tokens)
-        need = view.blocks_needed(s, n)
-        if (reserve(s, n) if reserve else need) > b.free_blocks:
+        if fresh:
+            held = hit - len(revive)  # hit blocks already off the free queue
+            need = -(-(hit * bs + n) // bs) - held
+            gate = -(-s.known_len // bs) - held if full_sequence_must_fit else need
+        else:
+            need = reserve(s, n) if reserve else view.blocks_needed(s, n)
+            gate = view.blocks_needed(s, want) if full_sequence_must_fit else need
+        if max(need, gate) > b.free_blocks:
             break
         plan.schedule(s, n)
-        b.free_blocks -= reserve(s, n) if reserve else need
+        if fresh:
+            preview.admit(s, hit, revive, n)
+        elif preview is not None:
+            preview.take(need)
+        b.free_blocks -= need
         b.tokens -= n
         b.seqs += 1
         admitted += 1

@@ -1,17 +1,30 @@
 """vLLM V1's default scheduler: FCFS with chunked prefill and recompute preemption.
 
-Source: vLLM `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`, v0.8+).
+Source: vLLM v0.32, `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`, L591-1405) and
+`vllm/v1/core/kv_cache_manager.py`; `testbed-referee` checks it step by step against that code.
 Rule, per step, under a token budget:
-1. Running requests first, in admission order: each takes what it still needs (the rest
-   of its prefill, or one decode token), capped by the remaining budget and by
-   `long_prefill_token_threshold` when set. If its KV blocks do not fit, preempt the
-   most recently admitted running request (recompute: its KV is dropped and it goes back
-   to the waiting queue) and retry; if that was the request itself, stop.
-2. Only if nothing was preempted this step: admit waiting requests FCFS while the
-   sequence cap, budget and KV allow, each chunked to the remaining budget (its prefix
-   cache hit counted as computed). With `chunked_prefill=false`, a prompt that does not
-   fit in the remaining budget waits (and blocks the queue, FCFS); one longer than the
-   whole budget is still chunked, since it could never run otherwise.
+1. `long_prefill_token_threshold` caps one request's chunk, unless the running and waiting
+   requests number one in all: nobody to starve, so the cap is lifted (L640-648).
+2. Running requests first, in admission order (L659): each takes what it still needs (the
+   rest of its prefill, or one decode token), capped by the threshold and the remaining
+   budget (L704-711). If its KV blocks do not fit, preempt the most recently admitted
+   running request (`self.running.pop()` L834, recompute: `_preempt_request` L1571 frees its
+   blocks and puts it back at the head of the waiting queue) and retry; if that was the
+   request itself, stop (L776-848).
+3. Only if nothing was preempted this step (L900): admit waiting requests FCFS while the
+   sequence cap (L923), budget and KV allow, stopping at the first that does not fit
+   (L1275). Its prefix-cache hit counts as computed (`get_computed_blocks`: full blocks,
+   at most known length - 1; kv_cache_manager.py L264-296), including blocks registered
+   earlier in this same step and not those this step's allocations evicted (the plan is
+   made through `view.kv_preview()`). With `reserve_full_isl` (vLLM's default
+   `scheduler_reserve_full_isl=True`) a request is admitted only if blocks for its whole
+   known sequence are free (`allocate_slots(full_sequence_must_fit=...)`, L1270 and
+   kv_cache_manager.py L522-538), though it takes only its chunk's. With
+   `chunked_prefill=false`, a prompt that does not fit in the remaining budget waits and
+   blocks the queue (L1160-1167); one longer than the whole budget is still chunked.
+The KV rules (every full block cached when scheduled, LRU free queue, null block) are the
+BlockManager's (testbed/core/kv.py). Not modelled: async scheduling, speculative decoding,
+encoders, LoRA, KV connectors, pipeline parallelism.
 """
 from __future__ import annotations
 
@@ -28,6 +41,7 @@ class VLLMKnobs(PolicyKnobs):
     name: str = "vllm"
     chunked_prefill: bool = True
     long_prefill_token_threshold: int = bounded(0, ge=0)  # 0 = no cap on one request's prefill chunk
+    reserve_full_isl: bool = True  # vLLM's scheduler_reserve_full_isl: admit only if the whole sequence fits
     preemption_mode: str = RECOMPUTE  # "recompute" (V1) or "swap" (V0)
 
     def __post_init__(self):
@@ -57,8 +71,10 @@ class VLLMPolicy(BasePolicy):
     def schedule(self, view) -> Plan:
         k = self.knobs
         plan, b = Plan(), StepBudget.of(view)
-        cap = k.long_prefill_token_threshold or None
-        run_running(view, plan, self.running_order(view), b, k.preemption_mode, cap)
-        if not b.preempted:
-            admit(view, plan, self.waiting_order(view), b, k.chunked_prefill, cap)
+        cap = k.long_prefill_token_threshold if len(view.running) + len(view.waiting) > 1 else 0
+        preview = view.kv_preview() if view.waiting else None
+        run_running(view, plan, self.running_order(view), b, k.preemption_mode, cap or None, preview=preview)
+        if not b.preempted and view.waiting:
+            admit(view, plan, self.waiting_order(view), b, k.chunked_prefill, cap or None, preview=preview,
+                  full_sequence_must_fit=k.reserve_full_isl)
         return plan

@@ -28,6 +28,10 @@ class EngineSettings:
     num_blocks: int | None = None  # vLLM's num_gpu_blocks_override
     kv_cache_bytes: int | None = None  # on a CPU only: vLLM's kv_cache_memory_bytes (VLLM_CPU_KVCACHE_SPACE's role)
     seed: int = 0
+    # vLLM's scheduler settings that the testbed's `vllm` policy has as knobs (native mode takes them from it)
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    scheduler_reserve_full_isl: bool = True
 
 
 def build_engine(settings: EngineSettings, log: SchedulerLog, scheduler_cls=None):
@@ -43,6 +47,9 @@ def build_engine(settings: EngineSettings, log: SchedulerLog, scheduler_cls=None
                       enforce_eager=True, max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
                       max_num_batched_tokens=settings.max_num_batched_tokens,
                       enable_prefix_caching=settings.enable_prefix_caching,
+                      enable_chunked_prefill=settings.enable_chunked_prefill,
+                      long_prefill_token_threshold=settings.long_prefill_token_threshold,
+                      scheduler_reserve_full_isl=settings.scheduler_reserve_full_isl,
                       num_gpu_blocks_override=settings.num_blocks,
                       # on a GPU vLLM sizes the cache from gpu_memory_utilization, as it always does
                       kv_cache_memory_bytes=settings.kv_cache_bytes if current_platform.is_cpu() else None,

@@ -27,6 +27,18 @@ class StepLog:
 
 
 @dataclass
+class StepDecision:
+    """One vLLM step in testbed request ids, for the referee: what was decided, when, and
+    how many of the trace's requests had been handed to vLLM before the step was planned."""
+
+    start: float  # seconds since the replay began
+    end: float
+    tokens: dict[int, int]
+    preempted: list[int]
+    num_delivered: int
+
+
+@dataclass
 class SchedulerLog:
     """The log the scheduler writes and the replay drains (one per engine: a class attribute
     would be shared across runs in one process)."""

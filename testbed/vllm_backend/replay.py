@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 from testbed.core.loop import ReplayOutcome, StepSeries
 from testbed.core.request import Request, RequestState, Status
-from testbed.vllm_backend.recording import SchedulerLog
+from testbed.vllm_backend.recording import SchedulerLog, StepDecision
 
 
 @dataclass
@@ -68,6 +68,8 @@ class VLLMReplay:
         self.run_record = VLLMRun(KVStats(log.num_blocks, log.block_size))
         self.by_id: dict[str, RequestState] = {}  # vLLM's internal id and our external id -> state
         self.live: dict[int, RequestState] = {}
+        self.delivered: list[tuple[float, Request]] = []  # (seconds since start, request) as handed to vLLM
+        self.decisions: list[StepDecision] = []  # every step, for the referee
 
     def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
         reqs, rec = self.requests, self.run_record
@@ -108,6 +110,7 @@ class VLLMReplay:
         return ReplayOutcome([rec], list(reqs[delivered:]), end, False, interrupted)
 
     def _arrive(self, req: Request, now: float) -> None:
+        self.delivered.append((now, req))
         s = RequestState(req)
         self.run_record.states.append(s)
         if self.record_token_times:
@@ -146,6 +149,8 @@ class VLLMReplay:
             series.kv_used_blocks.append(step.kv_used_blocks)
             series.preemptions.append(len(step.preempted))
             series.steps.append(1)
+            self.decisions.append(StepDecision(start, stop, {by_id[rid].req.id: n for rid, n in step.tokens.items()},
+                                               [by_id[rid].req.id for rid in step.preempted], len(self.delivered)))
             for rid in step.preempted:
                 s = by_id[rid]
                 s.num_preemptions += 1
