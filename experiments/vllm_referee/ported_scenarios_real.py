@@ -173,7 +173,7 @@ def main() -> None:
     model_dir = tiny_model_dir()
     print(f"# REAL vLLM {vllm.__version__}: tests/vllm_ported_scenarios.py through vllm.v1.core.sched.scheduler.Scheduler")
     print("# per scenario: config; then one line per step (or run of equal steps): {request: tokens scheduled}"
-          " [preempted: ...] [admitted: {request: prefix-cache hit tokens}]")
+          " [preempted: ...] [admitted: {request: prefix-cache hit tokens}]; on a run of steps these belong to its first step")
     results = {}
     for name, sc in mod.SCENARIOS.items():
         if only and name not in only:
