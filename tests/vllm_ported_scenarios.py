@@ -1,0 +1,151 @@
+"""Inputs of the scenarios ported from vLLM's scheduler tests, as plain data.
+
+Read by two programs, so both run exactly the same scenarios:
+- `tests/test_vllm_ported.py` runs each through the testbed's `vllm` policy and step loop
+  (system Python, no vLLM) and compares with the step-by-step result recorded there;
+- `experiments/vllm_referee/ported_scenarios_real.py` runs each through REAL vLLM 0.32's
+  `Scheduler` (the vLLM venv) and prints what it schedules: the recorded results come from there.
+
+A scenario: `config` (the scheduler's and cache's settings; `num_blocks` counts USABLE blocks:
+vLLM gets one more, its null block) and `requests`: (id, prompt, max_tokens, arrive_step) where
+the prompt is a list of (token id, count) runs (equal runs = equal content = a shareable prefix)
+and the request is added just before the scheduler's step number `arrive_step` (0-based).
+Every run goes on until every request has finished.
+"""
+from __future__ import annotations
+
+DEFAULTS = dict(
+    num_blocks=10_000,  # usable blocks (vLLM: num_blocks + 1, the null block)
+    block_size=16,
+    max_num_batched_tokens=8192,
+    max_num_seqs=16,
+    max_model_len=8192,
+    enable_prefix_caching=True,
+    long_prefill_token_threshold=0,
+    enable_chunked_prefill=True,
+    reserve_full_isl=True,  # vLLM 0.32's scheduler_reserve_full_isl default
+)
+
+
+def _scenario(config=None, requests=()):
+    return dict(config={**DEFAULTS, **(config or {})}, requests=list(requests))
+
+
+def _distinct(n, num_tokens, max_tokens, arrive=0, first_id=0, ids=None):
+    """n requests with distinct prompts ([i] * num_tokens, as upstream's create_requests)."""
+    ids = ids or [str(first_id + i) for i in range(n)]
+    return [(rid, [(100 + first_id + i, num_tokens)], max_tokens, arrive) for i, rid in enumerate(ids)]
+
+
+SCENARIOS = {
+    # upstream test_schedule: ten 10-token prompts all fit in one step
+    "schedule_apc_off": _scenario(dict(enable_prefix_caching=False), _distinct(10, 10, 16)),
+    "schedule_apc_on": _scenario(dict(enable_prefix_caching=True), _distinct(10, 10, 16)),
+    # upstream test_schedule_concurrent_partial_requests
+    "concurrent_partial_apc_off": _scenario(
+        dict(max_num_batched_tokens=1024, max_model_len=1024, long_prefill_token_threshold=400,
+             enable_prefix_caching=False), _distinct(3, 800, 16)),
+    "concurrent_partial_apc_on": _scenario(
+        dict(max_num_batched_tokens=1024, max_model_len=1024, long_prefill_token_threshold=400,
+             enable_prefix_caching=True), _distinct(3, 800, 16)),
+    # upstream test_schedule_order[True/False]: two long prompts, then two short ones
+    "order_chunked": _scenario(
+        dict(max_num_batched_tokens=1024, max_model_len=1024, max_num_seqs=3),
+        _distinct(2, 800, 16, ids=["1", "2"]) + _distinct(2, 10, 16, first_id=2, ids=["3", "4"])),
+    "order_unchunked": _scenario(
+        dict(max_num_batched_tokens=1024, max_model_len=1024, max_num_seqs=3, enable_chunked_prefill=False),
+        _distinct(2, 800, 16, ids=["1", "2"]) + _distinct(2, 10, 16, first_id=2, ids=["3", "4"])),
+    # upstream test_priority_scheduling_with_limited_slots, FCFS: max_num_seqs=2 caps the batch
+    "limited_slots": _scenario(
+        dict(max_num_seqs=2, max_num_batched_tokens=1000, max_model_len=1000), _distinct(4, 10, 16)),
+    # upstream test_priority_scheduling_preemption_and_resumption_when_out_of_kv, FCFS:
+    # 4 usable 16-token blocks; A (30 tokens) runs, B (32) joins, A's 33rd token needs a
+    # third block: B (the newest) is preempted. C (4 tokens) arrives in the preempting step.
+    "preempt_newest_apc_off": _scenario(
+        dict(num_blocks=4, max_num_seqs=2, max_num_batched_tokens=200, max_model_len=200,
+             enable_prefix_caching=False),
+        [("A", [(1, 30)], 16, 0), ("B", [(2, 32)], 16, 1), ("C", [(3, 4)], 4, 2)]),
+    "preempt_newest_apc_on": _scenario(
+        dict(num_blocks=4, max_num_seqs=2, max_num_batched_tokens=200, max_model_len=200,
+             enable_prefix_caching=True),
+        [("A", [(1, 30)], 16, 0), ("B", [(2, 32)], 16, 1), ("C", [(3, 4)], 4, 2)]),
+    # upstream test_kv_connector_handles_preemption, without the connector: 6 usable 2-token
+    # blocks, two 5-token prompts, 4 output tokens each; the second is preempted and re-admitted
+    "small_blocks_preemption_apc_on": _scenario(
+        dict(num_blocks=6, block_size=2, enable_prefix_caching=True), _distinct(2, 5, 4)),
+    "small_blocks_preemption_apc_off": _scenario(
+        dict(num_blocks=6, block_size=2, enable_prefix_caching=False), _distinct(2, 5, 4)),
+    # FCFS victim choice with three running requests: the oldest (A) needs a block, the newest
+    # (C) is preempted although B is the one next to it in the batch; B keeps running
+    "preempt_newest_of_three": _scenario(
+        dict(num_blocks=6, block_size=4, enable_prefix_caching=False),
+        [("A", [(1, 8)], 8, 0), ("B", [(2, 6)], 8, 0), ("C", [(3, 6)], 8, 0)]),
+    # a recompute-preempted request re-hits its own cached blocks when re-admitted, output
+    # tokens included (every full block of every request is cached, not only prompt blocks):
+    # 8 usable 4-token blocks; B (4-token prompt) preempts itself at step 9 holding 3 full
+    # blocks (12 tokens: 4 prompt + 8 output); A finishes at step 10 without taking them
+    "preempt_rehit_output_blocks": _scenario(
+        dict(num_blocks=8, block_size=4, enable_prefix_caching=True),
+        [("A", [(1, 8)], 11, 0), ("B", [(2, 4)], 20, 0)]),
+    # upstream test_spec_decode_padding_first_decode_step (an identical 33-token prompt hits 32 =
+    # num_prompt_tokens - 1) and test_prefix_cache_stats_counted_once_for_retried_then_scheduled_request
+    # (a 48-token prompt behind a cached 32-token one hits 32): a seed request fills the cache and
+    # finishes; then prompts of 33, 32, 40 (32 shared) and 16 tokens arrive together.
+    "prefix_hit_capped": _scenario(
+        dict(enable_prefix_caching=True),
+        [("seed", [(7, 33)], 2, 0),
+         ("same33", [(7, 33)], 2, 2), ("same32", [(7, 32)], 2, 2), ("ext40", [(7, 32), (9, 8)], 2, 2),
+         ("same16", [(7, 16)], 2, 2)]),
+    # eviction takes blocks that hold no cached content first (vLLM's block_pool.free_blocks puts
+    # them at the FRONT of the free queue), cached ones after, least recently freed first: in 3
+    # usable 4-token blocks the seed S leaves 2 cached blocks, T's partial block is freed after
+    # them, and V takes T's block, not S's, so X still hits both of S's blocks (8 tokens)
+    "evict_uncached_first": _scenario(
+        dict(num_blocks=3, block_size=4, enable_prefix_caching=True),
+        [("S", [(7, 8)], 1, 0), ("T", [(8, 2)], 1, 1), ("V", [(10, 3)], 1, 2), ("X", [(7, 9)], 1, 3)]),
+    # prefix blocks are cached when scheduled: the second of two identical 48-token prompts
+    # arriving together hits the first's blocks in the same step
+    "prefix_hit_same_step": _scenario(
+        dict(enable_prefix_caching=True), [("A", [(5, 48)], 3, 0), ("B", [(5, 48)], 3, 0)]),
+    # upstream test_kv_connector_unable_to_allocate, without the connector: 9 usable 4-token
+    # blocks, two 24-token prompts (6 blocks each): the second runs only once the first finished
+    "finish_frees_blocks": _scenario(
+        dict(num_blocks=9, block_size=4, enable_prefix_caching=True), _distinct(2, 24, 2)),
+    # upstream test_memory_leak: five 10-token requests added one per step, 10 tokens each
+    "memory_leak": _scenario(
+        dict(enable_prefix_caching=True),
+        [(str(i), [(100 + i, 10)], 10, i) for i in range(5)]),
+    # long_prefill_token_threshold is lifted while a single request is running + waiting
+    "threshold_single_request": _scenario(
+        dict(max_num_batched_tokens=1024, max_model_len=1024, long_prefill_token_threshold=400),
+        _distinct(1, 800, 4)),
+    "threshold_lifted_when_alone": _scenario(
+        dict(max_num_batched_tokens=1024, max_model_len=4096, long_prefill_token_threshold=400),
+        [("short", [(1, 10)], 2, 0), ("long", [(2, 2000)], 2, 0)]),
+    # ... but not while another request waits (here behind max_num_seqs=1): running + waiting counts
+    "threshold_kept_with_waiting": _scenario(
+        dict(max_num_batched_tokens=1024, max_model_len=4096, long_prefill_token_threshold=400, max_num_seqs=1),
+        [("long", [(2, 1000)], 2, 0), ("short", [(1, 10)], 2, 0)]),
+    # the whole-prompt admission gate (scheduler_reserve_full_isl): 10 usable 16-token blocks,
+    # a 64-token budget, two 100-token prompts (7 blocks each)
+    "full_isl_gate": _scenario(
+        dict(num_blocks=10, max_num_batched_tokens=64, max_model_len=256, enable_prefix_caching=False),
+        _distinct(2, 100, 4)),
+    "full_isl_gate_off": _scenario(
+        dict(num_blocks=10, max_num_batched_tokens=64, max_model_len=256, enable_prefix_caching=False,
+             reserve_full_isl=False),
+        _distinct(2, 100, 4)),
+    # the gate counts a prefix hit on blocks a running request holds: X (100 tokens, 7 blocks)
+    # shares its first 64 tokens with the running R, so it needs only 3 new blocks of the 5 free
+    "full_isl_gate_counts_hit": _scenario(
+        dict(num_blocks=10, max_num_batched_tokens=256, max_model_len=256, enable_prefix_caching=True),
+        [("R", [(7, 64), (8, 16)], 8, 0), ("X", [(7, 64), (9, 36)], 4, 2)]),
+    # ... and a hit on cached blocks nobody holds (a finished seed's), which admitting revives
+    "full_isl_gate_evictable_hit": _scenario(
+        dict(num_blocks=10, max_num_batched_tokens=256, max_model_len=256, enable_prefix_caching=True),
+        [("S", [(7, 64)], 1, 0), ("R", [(8, 80)], 20, 1), ("X", [(7, 64), (9, 36)], 4, 2)]),
+}
+
+
+def prompt_tokens(runs) -> list[int]:
+    return [tok for tok, count in runs for _ in range(count)]
