@@ -24,12 +24,12 @@ How the two sides line up:
 - vLLM's model output is one sampled token for each request whose scheduled tokens reached its
   known length; the testbed's `complete` does the same bookkeeping. Requests finish at max_tokens.
 
-Tests marked xfail(strict) fail only because the `vllm` policy or the step loop still lacks a
-rule vLLM 0.32 has (the reason names it); they turn into failures (XPASS) when it lands.
+Five of them failed before the policy and the BlockManager took vLLM 0.32's rules (the
+whole-sequence admission gate, the threshold lift, prefix blocks registered when scheduled,
+every full block cached); they pass since.
 """
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 
@@ -38,21 +38,6 @@ from testbed.core.loop import SchedulerLimits, StepLoop
 from testbed.core.request import Request, Status
 from testbed.policies.vllm import VLLMKnobs, VLLMPolicy
 from vllm_ported_scenarios import SCENARIOS, prompt_tokens
-
-NEEDS_SAME_STEP_REGISTRATION = (
-    "needs prefix blocks registered when scheduled: vLLM caches a request's full blocks in "
-    "allocate_slots (kv_cache_manager.py, coordinator.cache_blocks), so a request later in the "
-    "same step hits them; the testbed registers them in complete()")
-NEEDS_THRESHOLD_LIFT = (
-    "needs long_prefill_token_threshold lifted while only one request is running + waiting "
-    "(vllm/v1/core/sched/scheduler.py schedule(): num_eligible_reqs > 1)")
-NEEDS_FULL_ISL_GATE = (
-    "needs reserve_full_isl: admit a waiting request only if its whole known sequence fits in the "
-    "free blocks (vLLM 0.32 scheduler_reserve_full_isl=True, allocate_slots(full_sequence_must_fit))")
-NEEDS_EVERY_BLOCK_CACHED = (
-    "needs every full block of every request cached (per-request implicit keys beyond the "
-    "trace's prefix_hashes), so a recompute-preempted request re-hits its own output blocks")
-
 
 # What REAL vLLM 0.32.0 scheduled, per scenario (experiments/vllm_referee/ported_scenarios_real.txt):
 # (steps as [(repeat, {request: tokens})] runs of equal consecutive steps,
@@ -225,11 +210,8 @@ def run_ours(name: str):
     c = sc["config"]
     bs = c["block_size"]
     knobs = dict(chunked_prefill=c["enable_chunked_prefill"],
-                 long_prefill_token_threshold=c["long_prefill_token_threshold"])
-    # the whole-prompt gate's knob, once VLLMKnobs has it (without it the policy has no gate,
-    # which is what reserve_full_isl=False asks for)
-    if "reserve_full_isl" in {f.name for f in dataclasses.fields(VLLMKnobs)}:
-        knobs["reserve_full_isl"] = c["reserve_full_isl"]
+                 long_prefill_token_threshold=c["long_prefill_token_threshold"],
+                 reserve_full_isl=c["reserve_full_isl"])
     kv = BlockManager(c["num_blocks"], bs, c["enable_prefix_caching"])
     loop = StepLoop(VLLMPolicy(VLLMKnobs(**knobs)), kv,
                     SchedulerLimits(c["max_num_batched_tokens"], c["max_num_seqs"], c["max_model_len"]))
@@ -351,7 +333,6 @@ def test_preempt_newest_of_three():
     check("preempt_newest_of_three")
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_EVERY_BLOCK_CACHED)
 def test_preempted_request_rehits_its_output_blocks():
     """A recompute-preempted request re-hits its own cached blocks, output tokens included
     (vLLM caches every full block of every request; cf. upstream `test_kv_connector_handles_preemption`,
@@ -381,7 +362,6 @@ def test_eviction_takes_uncached_blocks_first():
     check("evict_uncached_first")
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_SAME_STEP_REGISTRATION)
 def test_prefix_hit_within_the_same_step():
     """Two identical 48-token prompts arrive together: vLLM caches the first one's blocks when it is
     scheduled, so the second, admitted later in the same step, hits 32 tokens and computes 16.
@@ -407,7 +387,6 @@ def test_memory_leak():
 
 
 # --- long_prefill_token_threshold ------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=NEEDS_THRESHOLD_LIFT)
 def test_threshold_lifted_for_a_single_request():
     """vLLM 0.32 lifts long_prefill_token_threshold when only one request is running + waiting
     (nobody to starve): a lone 800-token prompt under threshold 400 runs in one step, 800 tokens.
@@ -415,7 +394,6 @@ def test_threshold_lifted_for_a_single_request():
     check("threshold_single_request")
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_THRESHOLD_LIFT)
 def test_threshold_lifted_once_alone():
     """A 2000-token prompt is chunked at 400 while a short request runs beside it; once that one has
     finished, the long one is alone and takes the whole 1024-token budget, then the last 176."""
@@ -429,7 +407,6 @@ def test_threshold_kept_while_a_request_waits():
 
 
 # --- the whole-prompt admission gate (scheduler_reserve_full_isl) ----------------------------------
-@pytest.mark.xfail(strict=True, reason=NEEDS_FULL_ISL_GATE)
 def test_full_isl_gate():
     """vLLM 0.32's default scheduler_reserve_full_isl=True: 10 usable 16-token blocks, a 64-token
     budget, two 100-token prompts (7 blocks each). The second is not admitted on its first chunk's
@@ -441,8 +418,7 @@ def test_full_isl_gate():
 def test_full_isl_gate_off():
     """The same with scheduler_reserve_full_isl=False: the second prompt is admitted on its first
     chunk (28 tokens, 2 blocks), then cannot grow and preempts itself (the newest running request
-    is itself); it is re-admitted after the first finishes. (The testbed's vllm policy runs with its
-    reserve_full_isl knob off when it has one, and has no gate otherwise.)"""
+    is itself); it is re-admitted after the first finishes."""
     check("full_isl_gate_off")
 
 
