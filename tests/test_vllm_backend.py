@@ -153,14 +153,25 @@ def test_policy_mode_runs_other_policies(vllm, tmp_path, policy):
     assert summary["completed"] == 30 and summary["policy"] == policy
 
 
-def test_policy_mode_with_the_vllm_policy_schedules_what_vllm_itself_schedules(vllm, tmp_path):
-    """All 30 requests arrive at once (rate x1e12) and the cache holds them all: no preemption, so
-    vLLM's own scheduler and the testbed's `vllm` policy must give every step the same tokens."""
-    common = ["trace.max_requests=30", "trace.rate_scale=1e12", "kv.num_blocks=128", "kv.enable_prefix_caching=false",
-              "scheduler.max_num_batched_tokens=1024"]
+@pytest.mark.parametrize("case", ["roomy", "mooncake-preempting"])
+def test_policy_mode_with_the_vllm_policy_schedules_what_vllm_itself_schedules(vllm, tmp_path, case):
+    """All 30 requests arrive at once (rate x1e12), so the wall clock cannot matter: vLLM's own
+    scheduler and the testbed's `vllm` policy inside vLLM must give every step the same tokens.
+    `roomy`: the cache holds them all, no prefix caching. `mooncake-preempting`: shared prefixes,
+    prefix caching on, vLLM's whole-sequence admission gate off (in vLLM too) and a cache small
+    enough to preempt (a re-admitted request re-hits its
+    own blocks; policy mode checks every admission's hit against vLLM's get_computed_blocks)."""
+    if case == "roomy":
+        common = ["trace.max_requests=30", "trace.rate_scale=1e12", "kv.num_blocks=128",
+                  "kv.enable_prefix_caching=false", "scheduler.max_num_batched_tokens=1024"]
+    else:
+        common = ["trace=mooncake", "trace.max_requests=30", "trace.rate_scale=1e12", "trace.max_prompt_len=1024",
+                  "trace.max_output_len=48", "kv.num_blocks=12", "scheduler.max_model_len=1200",
+                  "scheduler.max_num_batched_tokens=1024", "policy.reserve_full_isl=false"]  # both sides: admit more
     _, native, ns = run_vllm(tmp_path / "native", "backend.scheduler=native", *common)
     _, policy, ps = run_vllm(tmp_path / "policy", "backend.scheduler=policy", *common)
-    assert ns["num_preemptions"] == ps["num_preemptions"] == 0 and ns["completed"] == ps["completed"] == 30
+    assert ns["num_preemptions"] == ps["num_preemptions"] and ns["completed"] == ps["completed"] == 30
+    assert (ns["num_preemptions"] > 0 and ns["prefix_cache_hit_rate"] > 0) == (case != "roomy")
     cols = ["prefill_tokens", "decode_tokens", "running", "waiting", "kv_used_blocks"]
     assert len(native) == len(policy) > 30  # the budget of 1024 tokens splits the prompts over several steps
     pd.testing.assert_frame_equal(native[cols], policy[cols])

@@ -37,7 +37,7 @@ from testbed.core.kv import BlockManager
 from testbed.core.loop import SchedulerLimits, StepLoop
 from testbed.core.request import Request, Status
 from testbed.policies.vllm import VLLMKnobs, VLLMPolicy
-from vllm_ported_scenarios import SCENARIOS, prompt_tokens
+from vllm_ported_scenarios import SCENARIOS, prompt_tokens, rle
 
 # What REAL vLLM 0.32.0 scheduled, per scenario (experiments/vllm_referee/ported_scenarios_real.txt):
 # (steps as [(repeat, {request: tokens})] runs of equal consecutive steps,
@@ -186,16 +186,6 @@ EXPECTED = {
 }
 
 
-def _rle(steps: list[dict]) -> list[tuple[int, dict]]:
-    out: list[tuple[int, dict]] = []
-    for n in steps:
-        if out and out[-1][1] == n:
-            out[-1] = (out[-1][0] + 1, n)
-        else:
-            out.append((1, n))
-    return out
-
-
 def _block_ids(tokens: list[int], block_size: int) -> tuple[int, ...]:
     """The content id of each block_size-token block of a prompt (the trace's hash ids)."""
     return tuple(hash(tuple(tokens[i:i + block_size])) for i in range(0, len(tokens), block_size))
@@ -244,7 +234,7 @@ def run_ours(name: str):
             loop.complete(batch, step + 0.5)
         kv.check_invariants(loop.live.values())
         step += 1
-    return (_rle(steps), preempted, admitted), loop
+    return (rle(steps), preempted, admitted), loop
 
 
 def check(name: str):

@@ -149,3 +149,14 @@ SCENARIOS = {
 
 def prompt_tokens(runs) -> list[int]:
     return [tok for tok, count in runs for _ in range(count)]
+
+
+def rle(steps: list[dict]) -> list[tuple[int, dict]]:
+    """Runs of equal consecutive steps as (repeat, step) pairs: how EXPECTED writes them."""
+    out: list[tuple[int, dict]] = []
+    for n in steps:
+        if out and out[-1][1] == n:
+            out[-1] = (out[-1][0] + 1, n)
+        else:
+            out.append((1, n))
+    return out

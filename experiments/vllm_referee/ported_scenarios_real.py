@@ -141,18 +141,7 @@ def run_scenario(sc: dict, model_dir: str, prompt_tokens) -> dict:
                                                         prompt_logprobs_dict={}, pooler_output=[]))
         step += 1
     free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
-    return dict(steps=rle(steps), preempted=preempted, admitted=admitted, free_blocks_at_end=free)
-
-
-def rle(steps: list[dict]) -> list[tuple[int, dict]]:
-    """Runs of equal consecutive steps as (repeat, step) pairs (the same encoding as the tests')."""
-    out: list[tuple[int, dict]] = []
-    for n in steps:
-        if out and out[-1][1] == n:
-            out[-1] = (out[-1][0] + 1, n)
-        else:
-            out.append((1, n))
-    return out
+    return dict(steps=load_scenarios().rle(steps), preempted=preempted, admitted=admitted, free_blocks_at_end=free)
 
 
 def recorded_expectations() -> dict:

@@ -67,8 +67,7 @@ def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None,
         settings = EngineSettings(folder, dtype=dtype, max_model_len=max_len,
                                   max_num_seqs=cfg.scheduler.max_num_seqs,
                                   max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
-                                  # policy mode: off on both sides (testbed/vllm_backend/policy.py says why)
-                                  enable_prefix_caching=kc.enable_prefix_caching and mode == "native",
+                                  enable_prefix_caching=kc.enable_prefix_caching,
                                   num_blocks=kc.num_blocks,
                                   kv_cache_bytes=int(kc.cpu_kv_cache_gb * 1e9) if kc.cpu_kv_cache_gb else None,
                                   seed=cfg.seed,
@@ -86,7 +85,7 @@ def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None,
                                 cfg.output.record_token_times)
         else:  # the testbed's loop, on a BlockManager shaped as vLLM's cache, decides each step
             bridge.loop = StepLoop(make_policy(cfg.policy.name, **setup.knobs),
-                                   BlockManager(blocks, block_size, False, 0), setup.limits, setup.cost,
+                                   BlockManager(blocks, block_size, kc.enable_prefix_caching, 0), setup.limits, setup.cost,
                                    record_token_times=cfg.output.record_token_times)
             replay = PolicyReplay(engine, bridge, setup.requests, prompts, cfg.backend.horizon_s)
         result = finish(cfg, setup, replay.run(stop), "vllm", t0)

@@ -263,7 +263,7 @@ class StepLoop:
         if batch.ends is not None:
             self._complete_run(batch)
             return
-        kv, itl = self.kv, self.itl
+        itl = self.itl
         any_finished = False
         for s, n in batch.items:
             s.num_computed += n
@@ -319,7 +319,7 @@ class StepLoop:
 
     # --- helpers ------------------------------------------------------------------------
     def _validate(self, plan: Plan) -> None:
-        name, live, kv = self.policy_name, self.live, self.kv
+        name, live = self.policy_name, self.live
         preempted = set()
         for s, mode in plan.preempt:
             if live.get(s.req.id) is not s or s.status is not _RUNNING:

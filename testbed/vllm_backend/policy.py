@@ -12,9 +12,9 @@ status RUNNING, and the `SchedulerOutput` built as upstream builds it
 
 What vLLM V1 cannot do is refused rather than faked: it preempts by recompute only
 (`_preempt_request` frees the blocks; there is no swap space), so a policy knob asking for
-swap preemption stops the run at start. Prefix caching is off on both sides here: vLLM's
-token-hash hits (including a recompute-preempted request finding its own blocks) and the
-testbed's trace-hash hits would otherwise disagree on what a re-admitted request must compute.
+swap preemption stops the run at start. Prefix caching is on or off on both sides alike
+(`kv.enable_prefix_caching`): the loop's BlockManager caches every full block by content as
+vLLM's block pool does, and each admission's hit is checked against vLLM's `get_computed_blocks`.
 Speculative decoding, encoders, LoRA and KV connectors are not set up by this backend, and
 upstream's handling of them is left out.
 """
@@ -91,15 +91,24 @@ def scheduler_class(bridge: PolicyBridge):
                     if req.num_computed_tokens != 0:
                         raise PlanNotApplicable(f"request {s.req.id} re-enters vLLM with {req.num_computed_tokens} "
                                                 "computed tokens; the testbed loop recomputes it from 0")
-                    if self.kv_cache_manager.allocate_slots(req, n, num_lookahead_tokens=self.num_lookahead_tokens,
+                    # vLLM's prefix-cache hit (its waiting pass, scheduler.py L967) must be the one
+                    # the loop's BlockManager gave: both cache every full block by content
+                    hit_blocks, hit, _ = self.kv_cache_manager.get_computed_blocks(req)
+                    if hit != s.num_computed:
+                        raise PlanNotApplicable(f"request {s.req.id}: vLLM's prefix cache hits {hit} tokens, the "
+                                                f"testbed loop's {s.num_computed}")
+                    if self.kv_cache_manager.allocate_slots(req, n, num_new_computed_tokens=hit,
+                                                            new_computed_blocks=hit_blocks,
+                                                            num_lookahead_tokens=self.num_lookahead_tokens,
                                                             has_scheduled_reqs=bool(self.running)) is None:
                         raise self._refused(s, n)
                     self.waiting.remove_request(req)
                     self.running.append(req)
                     (new_reqs if req.status == RequestStatus.WAITING else resumed).append(req)
                     req.status = RequestStatus.RUNNING
+                    req.num_computed_tokens = hit
                     blocks[rid] = self.kv_cache_manager.get_blocks(rid)
-                    if n < req.num_tokens:
+                    if hit + n < req.num_tokens:
                         self._inflight_prefills.add(req)
                 else:
                     if req.num_computed_tokens != s.num_computed:
