@@ -102,7 +102,8 @@ def vllm():
 
 def test_referee_on_real_vllm_every_step_identical(vllm, tmp_path):
     """60 Azure conv requests on an 11-block cache (vLLM's default settings, prefix caching on):
-    vLLM preempts, and every step of the `vllm` policy in lockstep equals vLLM's."""
+    vLLM preempts, every step of the `vllm` policy in lockstep equals vLLM's, and our engine running
+    that lockstep generates exactly vLLM's tokens."""
     from testbed.app.referee import run_referee
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
@@ -115,5 +116,8 @@ def test_referee_on_real_vllm_every_step_identical(vllm, tmp_path):
     assert rep["preemptions_vllm"] == rep["preemptions_ours"] > 0
     assert rep["metrics"]["completed"]["vllm"] == rep["metrics"]["completed"]["ours"] == 60
     assert rep["metrics"]["p99_ttft_ms"]["diff"] == 0
+    e = rep["engine"]  # our engine, running every batch of the same lockstep: vLLM's tokens
+    assert e["steps_identical"] == e["steps_compared"] == rep["steps_compared"]
+    assert e["requests_same_tokens"] == e["requests_compared"] == 60, e["first_token_mismatch"]
     assert json.loads((tmp_path / "referee.json").read_text())["steps_identical"] == rep["steps_identical"]
     assert (tmp_path / "vllm" / "requests.parquet").exists() and (tmp_path / "sim" / "steps.parquet").exists()

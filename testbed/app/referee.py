@@ -15,7 +15,10 @@ threshold, whole-sequence admission gate) and KV capacity from vLLM's own block 
 
 Per step it compares the {request: tokens} decided and the requests preempted, and reports
 the steps compared, the steps identical, the first divergent step with both decisions side
-by side, and each metric of both runs. Written to the output dir: `referee.json`,
+by side, and each metric of both runs. Then it does the same with our own engine running
+every batch of the lockstep (the same seeded weights vLLM loaded, the same prompts, greedy) and
+counts the requests whose generated tokens equal vLLM's: the two engines' execution compared
+under one schedule, preemptions and prefix hits included. Written to the output dir: `referee.json`,
 `referee.md`, `steps.csv` (one row per step: both decisions and whether they agree), and
 both runs' usual files under `vllm/` and `sim/`.
 """
@@ -36,7 +39,7 @@ from testbed.app.plugins import make_policy
 from testbed.app.validate import check_config
 from testbed.core.kv import BlockManager
 from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
-from testbed.core.request import Request
+from testbed.core.request import Request, Status
 
 log = logging.getLogger("testbed.app.referee")
 
@@ -72,15 +75,49 @@ class Verdict:
         return next((c for c in self.checks if not c.identical), None)
 
 
-def lockstep(decisions, delivered: list[tuple[float, Request]], loop: StepLoop) -> tuple[Verdict, ReplayOutcome]:
-    """Run `loop` through vLLM's steps: the same arrivals before each step, the same step times."""
+class Executor:
+    """Runs the lockstep loop's batches on a real engine; the referee's default runs none."""
+
+    def arrive(self, req: Request) -> None: ...
+
+    def execute(self, batch) -> None: ...
+
+
+class EngineExecutor(Executor):
+    """Our torch engine (testbed/engine/) executing each batch: real forwards on a paged KV
+    cache shaped as vLLM's, so its generated tokens can be compared with vLLM's."""
+
+    def __init__(self, runner, prompt_tokens):
+        self.runner, self.prompt_tokens = runner, prompt_tokens
+        self.tokens: dict[int, list[int]] = {}
+        self.seconds = 0.0  # the engine's own time over every step
+
+    def arrive(self, req: Request) -> None:
+        self.tokens[req.id] = self.prompt_tokens(req)
+
+    def execute(self, batch) -> None:
+        start = time.perf_counter()
+        for rid, tok in self.runner.execute(batch.items, self.tokens).items():
+            self.tokens[rid].append(tok)
+        self.seconds += time.perf_counter() - start
+
+
+def lockstep(decisions, delivered: list[tuple[float, Request]], loop: StepLoop,
+             executor: Executor | None = None) -> tuple[Verdict, ReplayOutcome]:
+    """Run `loop` through vLLM's steps: the same arrivals before each step, the same step times
+    (`executor`, if given, runs each batch for real in between)."""
+    executor = executor or Executor()
     verdict = Verdict()
     arrived = 0
     end = 0.0
+
+    def arrive(t: float, req: Request) -> None:
+        if loop.arrive(req, t).status is not Status.REJECTED:
+            executor.arrive(req)
+
     for i, d in enumerate(decisions):
         while arrived < d.num_delivered:
-            t, req = delivered[arrived]
-            loop.arrive(req, t)
+            arrive(*delivered[arrived])
             arrived += 1
         before = {s.req.id: s.num_preemptions for s in loop.running}
         batch = loop.plan(d.start) if loop.has_work else None
@@ -88,19 +125,56 @@ def lockstep(decisions, delivered: list[tuple[float, Request]], loop: StepLoop) 
         preempted = [rid for rid, k in before.items() if loop.live[rid].num_preemptions > k]
         verdict.checks.append(StepCheck(i, d.start, d.tokens, ours, d.preempted, preempted))
         if batch is not None:
+            executor.execute(batch)
             loop.complete(batch, d.end)
         end = d.end
     for t, req in delivered[arrived:]:
-        loop.arrive(req, t)
+        arrive(t, req)
     while loop.has_work and verdict.extra_steps < 100_000:
         batch = loop.plan(end)
         if batch is None:
             break
+        executor.execute(batch)
         loop.complete(batch, end)
         verdict.extra_steps += 1
     if loop.has_work:
         loop.abandon("unfinished when vLLM's steps ran out")
     return verdict, ReplayOutcome([loop], [], end)
+
+
+def engine_side(cfg: DictConfig, setup, replay, num_blocks: int, block_size: int) -> dict:
+    """The same lockstep with our engine running every batch: its decisions, and whether the
+    tokens it generates (same seeded weights, same prompts, greedy) are vLLM's."""
+    from testbed.engine.kv_cache import PagedKVCache
+    from testbed.engine.models import build_model
+    from testbed.engine.prompts import PromptTokens
+    from testbed.engine.runner import ModelRunner
+
+    spec = setup.model
+    model = build_model(spec, cfg.backend.dtype or spec.dtype, "cpu", seed=cfg.seed)
+    cache = PagedKVCache.for_model(model.config, num_blocks, block_size, next(model.parameters()).dtype)
+    executor = EngineExecutor(ModelRunner(model, cache), PromptTokens(spec.vocab_size, cfg.seed))
+    loop = StepLoop(make_policy("vllm", **setup.knobs), BlockManager(num_blocks, block_size, cfg.kv.enable_prefix_caching),
+                    SchedulerLimits(setup.limits.max_num_batched_tokens, setup.limits.max_num_seqs,
+                                    setup.limits.max_model_len))
+    verdict, _ = lockstep(replay.decisions, replay.delivered, loop, executor)
+    same, compared, first = 0, 0, None
+    for s in loop.states:
+        theirs = replay.output_ids.get(s.req.id)
+        if s.status is not Status.FINISHED or theirs is None:
+            continue
+        ours = executor.tokens[s.req.id][s.req.prompt_len:]
+        compared += 1
+        if ours == theirs:
+            same += 1
+        elif first is None:
+            at = next(i for i, (a, b) in enumerate(zip(ours + [-1], theirs + [-2])) if a != b)
+            first = {"request": s.req.id, "token_index": at, "ours": ours[at:at + 5], "vllm": theirs[at:at + 5]}
+    first_div = verdict.first_divergence
+    return {"steps_compared": len(verdict.checks), "steps_identical": verdict.identical,
+            "first_divergent_step": None if first_div is None else first_div.step,
+            "requests_compared": compared, "requests_same_tokens": same, "first_token_mismatch": first,
+            "engine_forward_s": executor.seconds}
 
 
 def _side_by_side(c: StepCheck) -> list[dict]:
@@ -146,6 +220,13 @@ def markdown(rep: dict) -> str:
         lines += [f"| {r['request']} | {r['vllm_tokens']} | {r['ours_tokens']} | {r['vllm_preempted']} | "
                   f"{r['ours_preempted']} |" for r in first["requests"]]
         lines.append("")
+    e = rep.get("engine")
+    if e:
+        lines += ["Our engine in the same lockstep (every batch run by testbed/engine/, same seeded weights):",
+                  f"- steps identical: {e['steps_identical']} of {e['steps_compared']}",
+                  f"- requests whose generated tokens equal vLLM's: {e['requests_same_tokens']} of "
+                  f"{e['requests_compared']}" + (f"; first mismatch: {e['first_token_mismatch']}"
+                                                 if e["first_token_mismatch"] else ""), ""]
     lines += ["| metric | vLLM | ours (lockstep) | diff |", "|---|---|---|---|"]
     for k, m in rep["metrics"].items():
         fmt = (lambda x: "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x))
@@ -183,6 +264,7 @@ def run_referee(cfg: DictConfig, out: str | Path, command: str = "") -> dict:
     verdict, outcome = lockstep(replay.decisions, replay.delivered, loop)
     sim = finish(cfg, setup, outcome, "sim-lockstep", t0)
     rep = report(verdict, real.summary, sim.summary, command)
+    rep["engine"] = engine_side(cfg, setup, replay, kv.num_blocks, kv.block_size)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg_yaml = OmegaConf.to_yaml(cfg)

@@ -82,8 +82,12 @@ class BlockManager:
         self.num_host_blocks = num_host_blocks
         self._ref = [0] * num_blocks
         self._queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # unowned blocks, LRU first
-        self._cached: dict[int, list[int]] = {}  # key -> blocks holding that content, first registered first
-        self._key_of: dict[int, int] = {}  # block -> key
+        self._cached: dict[int, list[int]] = {}  # shared content key -> blocks holding it, first registered first
+        self._key_of: dict[int, int] = {}  # block -> shared content key
+        self._own_rid = [-1] * num_blocks  # request whose own content a block caches, or -1
+        self._own_idx = [0] * num_blocks  # ... at which of its block positions
+        self._own_seq = [0] * num_blocks  # ... registered when (first registered is looked up first)
+        self._seq = 0
         self._host_used = 0
         self.hit_tokens = 0  # prefix-cache statistics, over admissions
         self.queried_tokens = 0
@@ -118,31 +122,46 @@ class BlockManager:
         return sum(1 for b in state.blocks if ref[b] == 1)
 
     # --- prefix cache -----------------------------------------------------------------------
-    def key(self, state: RequestState, j: int) -> int:
-        """The content key of the request's block j (made on demand, chained)."""
+    # Two kinds of keys. A block inside the trace's shared prefix has a content key, chained over
+    # the prefix hashes, in `_cached` (key -> holders, first registered first). A block past it
+    # holds content only its own request has (prompt tail, outputs): it is tagged with (request,
+    # index, registration order) in flat arrays, and only that request, resumed after a recompute
+    # preemption, looks it up, among the blocks it held before (`_past_blocks`). Both behave as
+    # vLLM's one hash table; the split keeps the common case (every block of every request cached)
+    # to a few array writes.
+    def prefix_keys(self, state: RequestState) -> tuple[int, ...]:
         keys = state._block_keys
         if keys is None:
-            keys = state._block_keys = list(prefix_block_keys(state.req, self.block_size))
-        while len(keys) <= j:  # past the trace's shared prefix: content only this request has
-            keys.append(hash((keys[-1] if keys else 0, "own", state.req.id, len(keys))))
-        return keys[j]
-
-    def cached_block(self, key: int) -> int | None:
-        blocks = self._cached.get(key)
-        return blocks[0] if blocks else None
+            keys = state._block_keys = prefix_block_keys(state.req, self.block_size)
+        return keys
 
     def may_hit(self, state: RequestState) -> bool:
         """False when no block of the request can be cached: it shares no trace prefix and has
-        never been scheduled, so none of its own keys was ever registered."""
-        return self.enable_prefix_caching and bool(state.req.prefix_hashes or state.num_preemptions)
+        never held a block, so none of its own blocks was ever registered."""
+        return self.enable_prefix_caching and bool(state.req.prefix_hashes or state._past_blocks)
+
+    def candidates(self, state: RequestState, j: int):
+        """The cached blocks holding the request's block j, first registered first."""
+        keys = self.prefix_keys(state)
+        if j < len(keys):
+            return self._cached.get(keys[j], ())
+        if not state._past_blocks:
+            return ()
+        rid, own_rid, own_idx = state.req.id, self._own_rid, self._own_idx
+        found = {life[j] for life in state._past_blocks
+                 if j < len(life) and own_rid[life[j]] == rid and own_idx[life[j]] == j}
+        return sorted(found, key=self._own_seq.__getitem__)
+
+    def _hit_block(self, state: RequestState, j: int) -> int | None:
+        c = self.candidates(state, j)
+        return c[0] if c else None
 
     def _matched_blocks(self, state: RequestState) -> int:
         if not self.may_hit(state):
             return 0
         cap = (state.known_len - 1) // self.block_size  # leave at least one token to compute
-        cached = self._cached
         n = 0
-        while n < cap and self.key(state, n) in cached:
+        while n < cap and self.candidates(state, n):
             n += 1
         return n
 
@@ -155,7 +174,7 @@ class BlockManager:
         its new blocks plus the cached prefix blocks it takes off the free queue."""
         hit = self._matched_blocks(state)
         queue = self._queue
-        revived = sum(1 for i in range(hit) if self.cached_block(self.key(state, i)) in queue)
+        revived = sum(1 for i in range(hit) if self._hit_block(state, i) in queue)
         return self.blocks_for(hit * self.block_size + num_new_tokens) - hit + revived
 
     def acquire_prefix(self, state: RequestState, max_tokens: int | None = None) -> int:
@@ -170,7 +189,7 @@ class BlockManager:
             return 0
         ref, queue = self._ref, self._queue
         for i in range(hit):
-            b = self._cached[self.key(state, i)][0]
+            b = self._hit_block(state, i)
             if ref[b] == 0:
                 del queue[b]
             ref[b] += 1
@@ -185,28 +204,45 @@ class BlockManager:
         i = state.num_cached_blocks
         if i >= full or not self.enable_prefix_caching:
             return
-        cached, key_of, blocks = self._cached, self._key_of, state.blocks
-        while i < full:
-            key, b = self.key(state, i), blocks[i]
+        blocks = state.blocks
+        keys = self.prefix_keys(state)
+        cached, key_of = self._cached, self._key_of
+        while i < min(full, len(keys)):
+            key, b = keys[i], blocks[i]
             if key in cached:
                 cached[key].append(b)
             else:
                 cached[key] = [b]
             key_of[b] = key
             i += 1
+        if i < full:
+            rid, own_rid, own_idx, own_seq = state.req.id, self._own_rid, self._own_idx, self._own_seq
+            seq = self._seq
+            while i < full:
+                b = blocks[i]
+                own_rid[b], own_idx[b], own_seq[b] = rid, i, seq
+                seq += 1
+                i += 1
+            self._seq = seq
         state.num_cached_blocks = i
 
     # --- allocation -------------------------------------------------------------------------
-    def _take(self) -> int:
-        b, _ = self._queue.popitem(last=False)
-        key = self._key_of.pop(b, None)
-        if key is not None:
-            holders = self._cached[key]
-            holders.remove(b)
-            if not holders:
-                del self._cached[key]
-        self._ref[b] = 1
-        return b
+    def _grab(self, blocks: list[int], need: int) -> None:
+        """Append `need` blocks from the free queue's head to `blocks` (evicting what they
+        cached); capacity was checked."""
+        queue, ref, own_rid, key_of = self._queue, self._ref, self._own_rid, self._key_of
+        for _ in range(need):
+            b, _ = queue.popitem(last=False)
+            if own_rid[b] >= 0:
+                own_rid[b] = -1
+            elif b in key_of:
+                key = key_of.pop(b)
+                holders = self._cached[key]
+                holders.remove(b)
+                if not holders:
+                    del self._cached[key]
+            ref[b] = 1
+            blocks.append(b)
 
     def allocate(self, state: RequestState, num_new_tokens: int) -> None:
         need = self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks)
@@ -216,27 +252,35 @@ class BlockManager:
             raise KVCapacityError(f"needed {need} KV blocks, {len(self._queue)} free")
         self._grab(state.blocks, need)
 
-    def _grab(self, blocks: list[int], need: int) -> None:
-        """Append `need` blocks from the free queue's head to `blocks`; capacity was checked."""
-        take = self._take
-        for _ in range(need):
-            blocks.append(take())
-
-    def free(self, state: RequestState) -> None:
+    def free(self, state: RequestState, finished: bool = False) -> None:
         """Release every block, tail first: cached ones to the free queue's end (evicted last,
-        LRU), uncached ones to its front (reused first), as `BlockPool.free_blocks` does."""
-        ref, queue, key_of = self._ref, self._queue, self._key_of
-        first = []
-        for b in reversed(state.blocks):
-            ref[b] -= 1
-            if ref[b] == 0:
-                if b in key_of:
-                    queue[b] = None
-                else:
-                    first.append(b)
+        LRU), uncached ones to its front (reused first), as `BlockPool.free_blocks` does. An
+        unfinished request remembers them, to re-hit its own when it comes back."""
+        ref, queue, key_of, own_rid = self._ref, self._queue, self._key_of, self._own_rid
+        blocks = state.blocks
+        k = state.num_cached_blocks
+        if not state.req.prefix_hashes and k < PRIVATE:
+            # the common case, at C speed: nobody else holds its blocks, the first k are cached
+            for b in blocks:
+                ref[b] = 0
+            queue.update(dict.fromkeys(reversed(blocks[:k])))
+            first = blocks[k:][::-1]
+        else:
+            first = []
+            for b in reversed(blocks):
+                ref[b] -= 1
+                if ref[b] == 0:
+                    if own_rid[b] >= 0 or b in key_of:
+                        queue[b] = None
+                    else:
+                        first.append(b)
         for b in reversed(first):
             queue[b] = None
             queue.move_to_end(b, last=False)
+        if finished:
+            state._past_blocks = []
+        elif self.enable_prefix_caching and state.blocks:
+            state._past_blocks.append(state.blocks)
         state.blocks = []
         state.num_cached_blocks = 0
 
@@ -282,6 +326,8 @@ class BlockManager:
             for b in blocks:
                 assert self._key_of.get(b) == key, f"cache maps key to block {b} but the block's key differs"
         assert len(self._key_of) == sum(len(v) for v in self._cached.values()), "a keyed block is not in the cache"
+        for b in self._key_of:
+            assert self._own_rid[b] < 0, f"block {b} caches a shared key and a request's own content"
         assert host == self._host_used, f"host blocks used {self._host_used}, swapped states hold {host}"
 
 
@@ -301,7 +347,7 @@ class KVPreview:
         self._head = iter(kv._queue)  # the queue is not changed while a policy plans
         self._taken: set[int] = set()  # queued blocks this plan's allocations take (and evict)
         self._touched: set[int] = set()  # queued cached blocks this plan's hits take off the queue
-        self._new: set[int] = set()  # keys this plan's items register
+        self._new: set = set()  # keys this plan's items register
 
     def take(self, n: int) -> None:
         """`n` blocks allocated from the free queue's head (evicting what they held)."""
@@ -313,9 +359,10 @@ class KVPreview:
                     break
 
     def _register(self, state: RequestState, start: int, num_tokens: int) -> None:
+        """Note the shared-prefix keys an item registers (its own blocks no one else can hit)."""
         if self.kv.enable_prefix_caching:
-            for j in range(start, num_tokens // self.kv.block_size):
-                self._new.add(self.kv.key(state, j))
+            keys = self.kv.prefix_keys(state)
+            self._new.update(keys[start:min(len(keys), num_tokens // self.kv.block_size)])
 
     def match(self, state: RequestState) -> tuple[int, list[int]]:
         """(full blocks a waiting request would hit, the queued blocks among them it would revive)."""
@@ -323,13 +370,13 @@ class KVPreview:
         if not kv.may_hit(state):
             return 0, []
         cap = (state.known_len - 1) // kv.block_size
-        cached, queue, taken, touched, new = kv._cached, kv._queue, self._taken, self._touched, self._new
+        keys = kv.prefix_keys(state)
+        queue, taken, touched, new = kv._queue, self._taken, self._touched, self._new
         revive: list[int] = []
         n = 0
         while n < cap:
-            key = kv.key(state, n)
-            block = next((b for b in cached.get(key, ()) if b not in taken), None)
-            if block is None and key not in new:
+            block = next((b for b in kv.candidates(state, n) if b not in taken), None)
+            if block is None and not (n < len(keys) and keys[n] in new):
                 break
             if block is not None and block in queue and block not in touched:
                 revive.append(block)

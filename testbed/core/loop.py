@@ -304,7 +304,7 @@ class StepLoop:
             self._after_finish(batch, end)
 
     def _finish(self, s: RequestState, now: float) -> None:
-        self.kv.free(s)
+        self.kv.free(s, finished=True)
         s.status = Status.FINISHED
         s.finish_time = now
         del self.live[s.req.id]

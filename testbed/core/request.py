@@ -77,7 +77,8 @@ class RequestState:
     finish_time: float = -1.0
     reject_reason: str = ""
     token_times: list[float] | None = None  # filled only when per-token times are recorded
-    _block_keys: list[int] | None = None  # content keys of its blocks, made on demand (BlockManager.key)
+    _block_keys: tuple[int, ...] | None = None  # keys of its trace-prefix blocks, made on demand
+    _past_blocks: list[list[int]] = field(default_factory=list)  # blocks it held before a preemption
 
     @property
     def id(self) -> int:

@@ -70,6 +70,7 @@ class VLLMReplay:
         self.live: dict[int, RequestState] = {}
         self.delivered: list[tuple[float, Request]] = []  # (seconds since start, request) as handed to vLLM
         self.decisions: list[StepDecision] = []  # every step, for the referee
+        self.output_ids: dict[int, list[int]] = {}  # the tokens vLLM generated, per request
 
     def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
         reqs, rec = self.requests, self.run_record
@@ -165,7 +166,9 @@ class VLLMReplay:
                 rec.kv.queried_tokens += known
         for out in outputs:
             s = by_id[out.request_id]
-            new = len(out.outputs[0].token_ids) if out.outputs else 0
+            ids = out.outputs[0].token_ids if out.outputs else []
+            self.output_ids.setdefault(s.req.id, []).extend(ids)
+            new = len(ids)
             for _ in range(new):
                 s.num_generated += 1
                 if s.first_token_time < 0:
