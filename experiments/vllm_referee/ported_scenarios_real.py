@@ -10,11 +10,11 @@ reach its known length (none for a partial prefill chunk), as upstream's tests d
 step: the tokens scheduled per request, the requests preempted, and the requests admitted with
 the prefix-cache hit they were admitted with (tokens).
 
-Run it (vLLM lives in its own venv; nothing is downloaded: a tiny Llama config is written to a
-temporary folder, and the tokenizer is never loaded):
+Run it from the repository root with the Python that has vLLM (its own venv, main README "Real
+vLLM"; nothing is downloaded: a tiny Llama config is written to a temporary folder, and the
+tokenizer is never loaded):
 
-    cd /work/wt/ported
-    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 /work/venv-vllm/bin/python \
+    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 ~/venv-vllm/bin/python \
         experiments/vllm_referee/ported_scenarios_real.py > experiments/vllm_referee/ported_scenarios_real.txt
 
 `--check` also compares each result with the one recorded in tests/test_vllm_ported.py

