@@ -21,8 +21,10 @@ from testbed.vllm_backend import require_vllm
 log = logging.getLogger("testbed")
 
 
-def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None):
-    """Replay the trace in real time on an in-process vLLM engine (`backend.scheduler` decides who schedules)."""
+def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None, replays: list | None = None):
+    """Replay the trace in real time on an in-process vLLM engine (`backend.scheduler` decides who schedules).
+    `replays`, when given, receives the replay object, whose `step_records` (each step's BatchShape and
+    measured seconds) testbed-profile and testbed-fidelity read."""
     version = require_vllm()
     from testbed.app.run import _obj, finish, prepare
     from testbed.engine.models import build_model, checkpoint_folder
@@ -77,6 +79,8 @@ def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None):
                                    record_token_times=cfg.output.record_token_times)
             replay = PolicyReplay(engine, bridge, setup.requests, prompts, cfg.backend.horizon_s)
         result = finish(cfg, setup, replay.run(stop), "vllm", t0)
+        if replays is not None:
+            replays.append(replay)
     result.summary.update(block_size=block_size, vllm_version=version, vllm_scheduler=mode,
                           device=engine_device(), dtype=dtype)
     return result
