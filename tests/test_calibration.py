@@ -149,7 +149,9 @@ def test_fidelity_on_100_azure_requests(profiled, tmp_path):
                  "real/summary.json", "sim/summary.json", "config.yaml"):
         assert (out / name).exists(), name
     assert "| TTFT p99 (ms) |" in (out / "fidelity.md").read_text()
-    assert pd.read_csv(out / "fidelity.csv").shape == (len(METRICS), 5)
+    table = pd.read_csv(out / "fidelity.csv")
+    assert len(table) == len(METRICS) and list(table.columns[:5]) == ["metric", "key", "real", "sim", "rel_error"]
+    assert table.real_1.tolist() == table.real.tolist() and table.real_spread.isna().all()  # one run: no spread
 
 
 def test_console_entry_points_run(tmp_path):

@@ -7,9 +7,11 @@ run stops at once with the install instructions. The rest need vLLM and skip wit
 from __future__ import annotations
 
 import json
+import math
 import sys
 import types
 
+import numpy as np
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
@@ -182,3 +184,173 @@ def test_policy_mode_refuses_swap_preemption_naming_the_knob(vllm):
                                          r"by recompute only .* set policy.preemption_mode=recompute"):
         run(config("backend=vllm", "backend.scheduler=policy", "policy.preemption_mode=swap", *TINY,
                    "trace.max_requests=5"))
+
+
+# --- timing against real vLLM: step shapes, testbed-profile and testbed-fidelity backend=vllm ----------
+def _step(tokens, computed, decodes=(), start=0.0):
+    from testbed.vllm_backend.recording import StepLog
+
+    return StepLog(start, dict(tokens), set(decodes), {}, [], len(tokens), 0, 1, dict(computed))
+
+
+def test_step_shape_is_built_as_the_step_loop_builds_it():
+    """A fresh prompt chunk, a later chunk at an offset, and two decodes: the shape the simulator's
+    loop would give the same batch (`StepLoop._add_to_shape`)."""
+    from testbed.core.cost import BatchShape
+    from testbed.vllm_backend.recording import shape_of
+
+    step = _step({"a": 100, "b": 50, "c": 1, "d": 1}, {"a": 0, "b": 256, "c": 300, "d": 40}, decodes={"c", "d"})
+    assert shape_of(step) == BatchShape(num_prefill_tokens=150, num_prefill_seqs=2,
+                                        prefill_attn_pairs=100 * 50.5 + 50 * (256 + 25.5), prefill_kv_tokens=100 + 306,
+                                        num_decode_seqs=2, decode_kv_tokens=301 + 41)
+    # a one-token prefill chunk (not a decode: vLLM had not computed the whole prompt) stays a prefill
+    assert shape_of(_step({"e": 1}, {"e": 9})) == BatchShape(1, 1, 10.0, 10, 0, 0)
+
+
+def test_native_replay_keeps_a_step_record_per_step_that_ran_tokens():
+    from testbed.core.cost import BatchShape
+    from testbed.vllm_backend.recording import SchedulerLog
+    from testbed.vllm_backend.replay import VLLMReplay
+
+    log = SchedulerLog(num_blocks=10, block_size=128)
+    replay = VLLMReplay(None, log, [], lambda r: [], 2048)
+    log.steps[:] = [_step({"a": 64}, {"a": 0}, start=10.0), _step({"a": 1}, {"a": 64}, {"a"}, start=10.02)]
+    replay._record([], end=0.05, t0=10.0)
+    assert [(shape, round(s, 6)) for shape, s, _ in replay.step_records] == [
+        (BatchShape(64, 1, 64 * 32.5, 64, 0, 0), 0.02), (BatchShape(0, 0, 0.0, 0, 1, 65), 0.03)]
+    assert all(x == it for _, x, it in replay.step_records)  # run() widens the last one to the whole iteration
+    assert list(replay.run_record.series.duration) == pytest.approx([0.02, 0.03])
+
+
+def test_real_spread_and_the_simulators_error_against_the_real_mean():
+    from testbed.app.fidelity import METRICS, compare_repeats, spread
+
+    sp = spread([90.0, 100.0, 110.0])
+    assert sp["mean"] == 100 and sp["min"] == 90 and sp["max"] == 110
+    assert sp["spread"] == pytest.approx(0.2) and sp["max_dev"] == pytest.approx(0.1)
+    assert math.isnan(spread([5.0])["spread"])  # one run: no spread
+    assert math.isnan(spread([5.0, None])["mean"])
+    key = "median_ttft_ms"
+    t = compare_repeats([{key: 90.0}, {key: 100.0}, {key: 110.0}], {key: 105.0}).set_index("key")
+    assert len(t) == len(METRICS)
+    row = t.loc[key]
+    assert row.real == 100 and row.rel_error == pytest.approx(0.05) and row.within_noise
+    assert [row.real_1, row.real_2, row.real_3] == [90, 100, 110]
+    t = compare_repeats([{key: 90.0}, {key: 100.0}, {key: 110.0}], {key: 130.0}).set_index("key")
+    assert t.loc[key].rel_error == pytest.approx(0.3) and not t.loc[key].within_noise
+
+
+def test_fidelity_repeats_below_one_is_refused():
+    with pytest.raises(ConfigError, match=r"fidelity.repeats=0"):
+        check_config(config("backend=vllm", "fidelity.repeats=0"))
+    from testbed.app.fidelity import run_fidelity
+
+    with pytest.raises(ValueError, match=r"fidelity.repeats=0: the real replay must run at least once"):
+        run_fidelity(config("backend=vllm", "fidelity.repeats=0"))
+
+
+def test_vllm_fidelity_refuses_a_mismatched_or_dishonest_setup(tmp_path):
+    from testbed.app.fidelity import vllm_problems
+    from testbed.app.vllm_profile import trace_key
+    from testbed.engine.profile import write_profile
+
+    p = vllm_problems(config("backend=vllm", "policy=sarathi", "cost_model=profile", "backend.scheduler=native"))
+    assert any("policy=sarathi with backend.scheduler=native" in x and "backend.scheduler=policy" in x for x in p)
+    p = vllm_problems(config("backend=vllm", "cost_model=profile", "cost_model.profile=null"))
+    assert any("needs cost_model.profile=" in x for x in p)
+    cfg = config("backend=vllm", "cost_model=profile", f"cost_model.profile={tmp_path / 'p.csv'}", "trace.max_requests=9")
+    write_profile(tmp_path / "p.csv", {"source": "vllm-replay", "calibration_trace": trace_key(cfg)}, [])
+    assert any("calibrated on this very trace" in x for x in vllm_problems(cfg))
+    other = config("backend=vllm", "cost_model=profile", f"cost_model.profile={tmp_path / 'p.csv'}",
+                   "trace.max_requests=9", "trace.start_s=600")
+    assert vllm_problems(other) == []
+
+
+def test_profile_rows_from_step_records_fit_a_cost_model():
+    """Synthetic step records with a known linear cost: the fitted model recovers it."""
+    from testbed.core.cost import BatchShape
+    from testbed.app.vllm_profile import record_rows
+    from testbed.sim.fitted_cost import ProfileCostModel
+
+    records = []
+    for b in range(1, 40):
+        for ctx in (64, 256, 1024):
+            s = BatchShape(num_decode_seqs=b, decode_kv_tokens=b * ctx)
+            records.append((s, float("nan"), 2e-3 + 1e-4 * b + 1e-7 * b * ctx))
+    for c in (32, 128, 512, 1024):
+        s = BatchShape(c, 1, c * (c + 1) / 2, c, 0, 0)
+        records.append((s, float("nan"), 2e-3 + 1e-4 * c))
+    rows = record_rows(records)
+    assert {r["kind"] for r in rows} == {"decode", "prefill"} and len(rows) == len(records)
+    m = ProfileCostModel.from_frame(pd.DataFrame(rows))
+    assert m.holdout["median_ape"] < 0.05
+    assert m.step_time(BatchShape(num_decode_seqs=10, decode_kv_tokens=5000)) == pytest.approx(3.5e-3, rel=0.05)
+
+
+TIMING = ["trace.max_requests=12", "trace.rate_scale=40", "kv.num_blocks=32", "scheduler.max_model_len=512",
+          "trace.max_prompt_len=200", "trace.max_output_len=16", "profile.threads=1"]
+
+
+@pytest.fixture(scope="module")
+def vllm_profile(vllm, tmp_path_factory):
+    """`testbed-profile backend=vllm` on a calibration window (trace.start_s=600) of the tiny model."""
+    from testbed.app.vllm_profile import run_vllm_profile
+
+    out = tmp_path_factory.mktemp("vprof")
+    common = [o for o in TIMING if not o.startswith(("trace.max_requests", "kv.num_blocks", "trace.rate_scale",
+                                                      "trace.max_output_len"))]
+    cfg = config("backend=vllm", *TINY, *common, "trace.start_s=600", "trace.max_requests=30", "kv.num_blocks=80",
+                 "trace.rate_scale=10", "trace.max_output_len=32", f"output.dir={out}", "kv.enable_prefix_caching=false")
+    return run_vllm_profile(cfg, out / "vllm.csv"), cfg
+
+
+def test_vllm_profile_records_every_step_that_ran_tokens(vllm_profile):
+    from testbed.sim.fitted_cost import ProfileCostModel, read_profile
+
+    from testbed.app.run import prepare
+
+    path, cfg = vllm_profile
+    header, df = read_profile(path)
+    assert header["source"] == "vllm-replay" and header["block_size"] == "128" and "start_s=600" in header["calibration"]
+    assert int(header["points"]) == len(df) > 30 and (df.seconds > 0).all()
+    assert (df.cpu_s > 0).all() and int(header["contended_points"]) == df.contended.sum()
+    # the shapes account for every token vLLM computed (no prefix caching; 30 requests of at most 2 blocks in 79:
+    # no preemption): each prompt once, each output token but the last once as a decode
+    reqs = prepare(cfg).requests
+    assert df.num_prefill_tokens.sum() == sum(r.prompt_len for r in reqs)
+    assert df.num_decode_seqs.sum() == sum(r.output_len - 1 for r in reqs)
+    assert df.decode_kv_tokens.sum() == sum(sum(range(r.prompt_len + 1, r.prompt_len + r.output_len)) for r in reqs)
+    m = ProfileCostModel.from_file(path)
+    assert math.isfinite(m.holdout["median_ape"])
+
+
+@pytest.mark.parametrize("policy,mode,repeats", [("vllm", "native", 2), ("sarathi", "policy", 1)])
+def test_vllm_fidelity_against_the_calibrated_simulator(vllm_profile, tmp_path, policy, mode, repeats):
+    from testbed.app.fidelity import METRICS, run_fidelity
+
+    cfg = config("backend=vllm", *TINY, *TIMING, f"policy={policy}", f"backend.scheduler={mode}", "cost_model=profile",
+                 f"cost_model.profile={vllm_profile[0]}", f"fidelity.repeats={repeats}")
+    check_config(cfg)
+    res = run_fidelity(cfg, tmp_path / "fid")
+    t = res.table.set_index("key")
+    assert list(t.index) == [k for _, k in METRICS] and len(res.repeats) == repeats
+    assert all(r.summary["completed"] == 12 and r.summary["vllm_scheduler"] == mode for r in res.repeats)
+    assert res.sim.summary["completed"] == 12 and res.sim.summary["kv_blocks"] == res.real.summary["kv_blocks"] == 31
+    assert np.isfinite(t.rel_error).all() and (t.real > 0).all()
+    assert t.rel_error.abs()["request_throughput"] < 0.5
+    assert np.isfinite(t.real_spread).all() == (repeats > 1)
+    e = res.step_error
+    assert e["steps"] == sum(r.summary["num_steps"] for r in res.repeats) == len(res.steps)
+    assert math.isfinite(e["iteration"]["median_ape"])
+    assert e["execute"]["total_bias"] > e["iteration"]["total_bias"]  # vLLM's step is a part of the iteration
+    assert 0 < e["cpu_share"] <= 1.01 and 0 <= e["contended_steps"] <= e["steps"]  # the machine's noise, measured
+    assert res.steps.cpu_s.notna().all() and set(res.steps.repeat) == set(range(1, repeats + 1))
+    assert ("by_repeat" in e) == (repeats > 1)
+    out = tmp_path / "fid"
+    names = ["fidelity.csv", "fidelity.md", "fidelity.json", "steps.csv", "real/summary.json", "sim/summary.json"]
+    names += [f"real_{i}/summary.json" for i in range(2, repeats + 1)]
+    assert all((out / n).exists() for n in names)
+    md = (out / "fidelity.md").read_text()
+    assert ("| real spread |" in md) == (repeats > 1) and "| TTFT p99 (ms) |" in md
+    j = json.loads((out / "fidelity.json").read_text())
+    assert j["repeats"] == repeats and "real_spread" in j["metrics"]["p99_ttft_ms"]

@@ -136,6 +136,14 @@ class CapacityConfig:
 
 
 @dataclass
+class FidelityConfig:
+    """`testbed-fidelity`: how often the real replay is repeated, to set the simulator's error beside
+    the real run's own run-to-run spread (the machine's noise)."""
+
+    repeats: int = bounded(1, ge=1)
+
+
+@dataclass
 class TestbedConfig:
     trace: TraceConfig = MISSING
     policy: Any = MISSING
@@ -150,6 +158,7 @@ class TestbedConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # testbed-profile's grid
+    fidelity: FidelityConfig = field(default_factory=FidelityConfig)  # testbed-fidelity's repeats
     seed: int = bounded(0, ge=0)  # numpy and torch seeds are non-negative
 
 

@@ -7,6 +7,22 @@
 (`python -m testbed.app.fidelity ...` is the same; `cost_model.profile=null` profiles the engine
 first, with the `profile` section's grid, and writes that profile beside the results.)
 
+    testbed-fidelity backend=vllm model=tiny_llama model.head_dim=64 ... cost_model=profile \
+        cost_model.profile=vllm_profile.csv fidelity.repeats=3 trace.max_requests=300 trace.rate_scale=0.8
+
+`backend=vllm`: the real side is real vLLM (`testbed.app.vllm_run`): its own scheduler for
+policy=vllm (`backend.scheduler=native`), the testbed's policy deciding inside vLLM for any
+other (`backend.scheduler=policy`; native with another policy is refused, it would compare
+vLLM's scheduler with that policy). The profile must come from `testbed-profile backend=vllm`
+on another trace (refused when its header names this very trace). The simulator gets vLLM's
+KV capacity and block size, and prefix caching only where vLLM had it.
+
+`fidelity.repeats=N` replays the real side N times: the machine's noise is then measured, not
+guessed. Per metric the table gives the real runs' mean, min, max, spread ((max - min) / mean)
+and the largest deviation of one run from the mean, beside the simulator's error against the
+mean; the per-step error pools every real run's steps (`steps.csv` has a `repeat` column), and is
+also given per real run, since the cost model's own error moves with the machine's load.
+
 It replays the trace on the engine (wall clock), then simulates the same trace, policy and
 config with the cost model (normally `cost_model=profile`, fitted to a profile of that same
 engine) and the engine's KV capacity, and reports per metric (mean, p50, p90, p99 of TTFT,
@@ -24,7 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import hydra
@@ -61,6 +77,7 @@ class FidelityResult:
     cost_model: str
     header: dict  # the profile's header, when the cost model came from one
     out: Path | None = None
+    repeats: list[RunResult] = field(default_factory=list)  # every real run (repeats[0] is `real`)
 
 
 # --- the two runs ------------------------------------------------------------------------------
@@ -76,6 +93,35 @@ def replay_with_steps(cfg: DictConfig):
     result = finish(cfg, setup, replay.run(), "engine", t0)
     result.summary.update(device=engine.device_name, dtype=str(engine.dtype).removeprefix("torch."))
     return result, replay, setup.cost
+
+
+def replay_vllm_with_steps(cfg: DictConfig):
+    """`testbed.app.vllm_run.replay_on_vllm`, keeping the replay so its per-step records can be read."""
+    from testbed.app.vllm_run import replay_on_vllm
+
+    replays: list = []
+    result = replay_on_vllm(cfg, on_done=lambda setup, replay: replays.append(replay))
+    return result, replays[0]
+
+
+def vllm_problems(cfg: DictConfig) -> list[str]:
+    """Why a `backend=vllm` fidelity run would not compare like with like (or not be honest), or []."""
+    out = []
+    if cfg.policy.name != "vllm" and cfg.backend.scheduler == "native":
+        out.append(f"policy={cfg.policy.name} with backend.scheduler=native: vLLM's own scheduler would decide the real "
+                   f"run while the simulator runs {cfg.policy.name}; set backend.scheduler=policy")
+    if cfg.cost_model.name == "profile" and not cfg.cost_model.profile:
+        out.append("backend=vllm needs cost_model.profile=<a profile of vLLM> (testbed-profile backend=vllm on another "
+                   "trace window, e.g. trace.start_s=600: the calibration must not be the trace scored here)")
+    elif cfg.cost_model.name == "profile":
+        from testbed.app.vllm_profile import trace_key
+        from testbed.sim.fitted_cost import read_profile, resolve_profile_path
+
+        path = resolve_profile_path(cfg.cost_model.profile)
+        if path.exists() and read_profile(path)[0].get("calibration_trace") == trace_key(cfg):
+            out.append(f"cost_model.profile={cfg.cost_model.profile} was calibrated on this very trace; calibrate on "
+                       "another window (trace.start_s), seed or trace so the simulator is scored on held-out requests")
+    return out
 
 
 def _with(cfg: DictConfig, **changes) -> DictConfig:
@@ -95,8 +141,50 @@ def compare(real: dict, sim: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def step_errors(records, cost) -> tuple[pd.DataFrame, dict]:
-    """The cost model's prediction for every real step's shape against its measured time."""
+def spread(values: list[float]) -> dict:
+    """The real runs' own spread for one metric: mean, min, max, (max - min) / mean, and the largest
+    deviation of one run from the mean, max |v / mean - 1| (the error a single run can show by itself)."""
+    v = np.array([np.nan if x is None else x for x in values], float)
+    if v.size == 0 or not np.isfinite(v).all():
+        return {"mean": float("nan"), "min": float("nan"), "max": float("nan"), "spread": float("nan"),
+                "max_dev": float("nan")}
+    mean = float(v.mean())
+    ok = mean != 0 and v.size > 1
+    return {"mean": mean, "min": float(v.min()), "max": float(v.max()),
+            "spread": float((v.max() - v.min()) / mean) if ok else float("nan"),
+            "max_dev": float(np.abs(v / mean - 1).max()) if ok else float("nan")}
+
+
+def compare_repeats(reals: list[dict], sim: dict) -> pd.DataFrame:
+    """Per metric: the real runs (each, and their spread), the simulated value and its relative error
+    against the real runs' mean; `within_noise` when that error is no larger than the largest deviation
+    of one real run from the mean."""
+    rows = []
+    for label, key in METRICS:
+        values = [r.get(key) for r in reals]
+        sp = spread(values)
+        r, s = sp["mean"], sim.get(key)
+        err = (s - r) / r if np.isfinite(r) and r != 0 and s is not None else float("nan")
+        row = {"metric": label, "key": key, "real": r, "sim": s, "rel_error": err, "real_min": sp["min"],
+               "real_max": sp["max"], "real_spread": sp["spread"], "real_max_dev": sp["max_dev"],
+               "within_noise": bool(np.isfinite(sp["max_dev"]) and abs(err) <= sp["max_dev"])}
+        row.update({f"real_{i + 1}": v for i, v in enumerate(values)})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def contended(measured_s, cpu_s):
+    """Steps that lost the core to another process: wall time over 1.1 x this thread's CPU time (+20 us),
+    the rule `testbed-profile` uses on a CPU; NaN CPU time (not measured) counts as not contended."""
+    measured_s, cpu_s = np.asarray(measured_s, float), np.asarray(cpu_s, float)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(cpu_s), measured_s > 1.1 * cpu_s + 20e-6, False)
+
+
+def step_errors(records, cost, cpu_s=None) -> tuple[pd.DataFrame, dict]:
+    """The cost model's prediction for every real step's shape against its measured time; with `cpu_s`
+    (the replay thread's CPU seconds per step), also the share of the core the run got and the error
+    on the steps no other process disturbed."""
     names = [f.name for f in fields(BatchShape)]
     rows = []
     engine_time = getattr(cost, "engine_time", None)
@@ -108,6 +196,9 @@ def step_errors(records, cost) -> tuple[pd.DataFrame, dict]:
     df = pd.DataFrame(rows)
     if df.empty:
         return df, {"steps": 0}
+    cpu = list(cpu_s) if cpu_s is not None and len(cpu_s) == len(df) else [float("nan")] * len(df)
+    df["cpu_s"] = cpu
+    df["contended"] = contended(df.measured_s, df.cpu_s)
 
     def stats(measured, predicted) -> dict:
         ape = np.abs(predicted / measured - 1)
@@ -115,19 +206,29 @@ def step_errors(records, cost) -> tuple[pd.DataFrame, dict]:
                 "total_bias": float(predicted.sum() / measured.sum() - 1)}
 
     out = {"steps": int(len(df)), "iteration": stats(df.measured_s, df.predicted_s)}
-    if engine_time:
+    if engine_time and df.execute_s.notna().all():
         out["execute"] = stats(df.execute_s, df.predicted_execute_s)
     out["by_kind"] = {k: {"steps": int(len(g)), **stats(g.measured_s, g.predicted_s)} for k, g in df.groupby("kind")}
+    if df.cpu_s.notna().all():
+        quiet = df[~df.contended]
+        out["cpu_share"] = float(df.cpu_s.sum() / df.measured_s.sum())  # of the core, over the busy time
+        out["contended_steps"] = int(df.contended.sum())
+        if len(quiet):
+            out["uncontended"] = {"steps": int(len(quiet)), **stats(quiet.measured_s, quiet.predicted_s)}
     out["measured_total_s"] = float(df.measured_s.sum())
     out["predicted_total_s"] = float(df.predicted_s.sum())
     return df, out
 
 
 def run_fidelity(cfg: DictConfig, out_dir: str | Path | None = None) -> FidelityResult:
-    """Replay `cfg`'s trace on the engine, simulate it with `cfg`'s cost model, compare; write to out_dir."""
+    """Replay `cfg`'s trace on the engine (or, with backend=vllm, on real vLLM) `fidelity.repeats` times,
+    simulate it with `cfg`'s cost model, compare; write to out_dir."""
     from testbed.engine.profile_config import resolve
 
     pc = resolve(cfg.get("profile"))
+    repeats = int(cfg.get("fidelity", {}).get("repeats", 1))
+    if repeats < 1:
+        raise ValueError(f"fidelity.repeats={repeats}: the real replay must run at least once")
     if pc.threads:
         import torch
 
@@ -135,17 +236,48 @@ def run_fidelity(cfg: DictConfig, out_dir: str | Path | None = None) -> Fidelity
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         cfg = _with(cfg, output__dir=str(out))
-    if cfg.cost_model.name == "profile" and not cfg.cost_model.profile:
+    vllm = cfg.backend.name == "vllm"
+    if vllm and (problems := vllm_problems(cfg)):
+        raise ValueError("testbed-fidelity backend=vllm: " + "; ".join(problems))
+    if not vllm and cfg.cost_model.name == "profile" and not cfg.cost_model.profile:
         from testbed.engine.profile import run_profile
 
         where = (out or Path(cfg.output.dir)) / "profile.csv"
         log.info("no cost_model.profile given: profiling the engine first (%s grid) -> %s", pc.grid, where)
         cfg = _with(cfg, cost_model__profile=str(run_profile(cfg, where)))
-    real, replay, cost = replay_with_steps(_with(cfg, backend__name="engine"))
-    sim = simulate(_with(cfg, backend__name="sim", backend__replicas=1, kv__num_blocks=real.summary["kv_blocks"]))
-    table = compare(real.summary, sim.summary)
-    steps, step_err = step_errors(replay.step_records, cost)
-    res = FidelityResult(table, step_err, steps, real, sim, cost.name, dict(getattr(cost, "header", {})), out)
+    reals, records, cpus = [], [], []
+    for i in range(repeats):
+        log.info("real replay %d of %d (%s)", i + 1, repeats, "vLLM" if vllm else "engine")
+        if vllm:
+            real, replay = replay_vllm_with_steps(cfg)
+        else:
+            real, replay, _ = replay_with_steps(_with(cfg, backend__name="engine"))
+        reals.append(real)
+        records.append(replay.step_records)
+        cpus.append(getattr(replay, "step_cpu_s", None))
+    s0 = reals[0].summary
+    sim_kv = {"kv__num_blocks": s0["kv_blocks"]}
+    if vllm:  # vLLM's own block size; prefix caching only where vLLM had it (native mode)
+        sim_kv.update(kv__block_size=s0["block_size"],
+                      kv__enable_prefix_caching=bool(cfg.kv.enable_prefix_caching and cfg.backend.scheduler == "native"))
+    sim_cfg = _with(cfg, backend__name="sim", backend__replicas=1, backend__scheduler="native", **sim_kv)
+    sim = simulate(sim_cfg)
+    cost = prepare(sim_cfg).cost
+    table = compare_repeats([r.summary for r in reals], sim.summary)
+    frames, per_run = [], []
+    for i, (rec, cpu) in enumerate(zip(records, cpus)):
+        df, err = step_errors(rec, cost, cpu)
+        frames.append(df.assign(repeat=i + 1))
+        per_run.append(err)
+    steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    pooled_cpu = steps.cpu_s.tolist() if "cpu_s" in steps else None
+    _, step_err = step_errors([r for rec in records for r in rec], cost, pooled_cpu)  # over every repeat's steps
+    if repeats > 1:  # how much the cost model's error itself moves from run to run (the machine's noise)
+        step_err["by_repeat"] = {i + 1: {"steps": e["steps"], **e["iteration"],
+                                         **{k: e[k] for k in ("cpu_share", "contended_steps") if k in e}}
+                                 for i, e in enumerate(per_run) if e.get("steps")}
+    res = FidelityResult(table, step_err, steps, reals[0], sim, cost.name, dict(getattr(cost, "header", {})), out,
+                         reals)
     if out is not None:
         write(res, cfg, out)
     return res
@@ -160,34 +292,66 @@ def _fmt(x) -> str:
 
 def markdown(res: FidelityResult, cfg: DictConfig) -> str:
     s, header = res.real.summary, res.header
+    n = max(len(res.repeats), 1)
+    what = f"vLLM {s.get('vllm_version')} ({s.get('vllm_scheduler')} scheduler)" if s.get("backend") == "vllm" else "the engine"
     lines = [f"# Fidelity: {cfg.policy.name} on {cfg.trace.name}, {s['model']} on {s.get('device')} "
-             f"({s.get('dtype')}), cost model {res.cost_model}", ""]
+             f"({s.get('dtype')}), {what} vs the simulator, cost model {res.cost_model}", ""]
     if header:
+        src = (f"fitted from a calibration replay on vLLM ({header.get('points')} steps of "
+               f"{header.get('calibration_requests')} requests: {header.get('calibration')})"
+               if header.get("source") == "vllm-replay" else f"grid {header.get('grid')}")
         lines += [f"Profile: {header.get('model')} on {header.get('device')}, {header.get('dtype')}, torch "
-                  f"{header.get('torch')}, {header.get('torch_threads')} thread(s), grid {header.get('grid')}, "
+                  f"{header.get('torch')}, {header.get('torch_threads')} thread(s), {src}, "
                   f"measured {header.get('date')}.", ""]
-    lines += [f"{s['num_requests']} requests ({s['completed']} finished on the engine, "
-              f"{res.sim.summary['completed']} in the simulator), {s['num_steps']} engine steps, "
-              f"{res.sim.summary['num_steps']} simulated steps.", "",
-              "| metric | real | sim | rel. error |", "|---|---:|---:|---:|"]
+    done = "/".join(str(r.summary["completed"]) for r in res.repeats or [res.real])
+    steps = "/".join(str(r.summary["num_steps"]) for r in res.repeats or [res.real])
+    lines += [f"{s['num_requests']} requests ({done} finished in the {n} real run(s), "
+              f"{res.sim.summary['completed']} in the simulator), {steps} real steps, "
+              f"{res.sim.summary['num_steps']} simulated steps.", ""]
+    if n > 1:
+        lines += [f"real: the mean of {n} real replays; real spread: (max - min) / mean over them; max dev: the "
+                  "largest deviation of one real run from their mean; sim error: (sim - real mean) / real mean.", "",
+                  "| metric | real (mean) | real min | real max | real spread | max dev | sim | sim error |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    else:
+        lines += ["| metric | real | sim | rel. error |", "|---|---:|---:|---:|"]
+    pct = lambda x, sign="+": "-" if not np.isfinite(x) else f"{x:{sign}.1%}"  # noqa: E731
     for r in res.table.itertuples():
-        err = "-" if not np.isfinite(r.rel_error) else f"{r.rel_error:+.1%}"
-        lines.append(f"| {r.metric} | {_fmt(r.real)} | {_fmt(r.sim)} | {err} |")
+        if n > 1:
+            lines.append(f"| {r.metric} | {_fmt(r.real)} | {_fmt(r.real_min)} | {_fmt(r.real_max)} | "
+                         f"{pct(r.real_spread, '')} | {pct(r.real_max_dev, '')} | {_fmt(r.sim)} | {pct(r.rel_error)} |")
+        else:
+            lines.append(f"| {r.metric} | {_fmt(r.real)} | {_fmt(r.sim)} | {pct(r.rel_error)} |")
     e = res.step_error
     if e.get("steps"):
         it = e["iteration"]
-        lines += ["", f"Per-step error of the cost model on the real run's {e['steps']} steps (prediction for each "
+        over = f"the {n} real runs' {e['steps']} steps" if n > 1 else f"the real run's {e['steps']} steps"
+        lines += ["", f"Per-step error of the cost model on {over} (prediction for each "
                       f"real batch's shape vs its measured time):", "",
                   "| steps | count | median APE | p95 APE | total bias |", "|---|---:|---:|---:|---:|",
-                  f"| whole iteration (plan + execute + complete) | {e['steps']} | {it['median_ape']:.1%} | "
+                  f"| whole iteration | {e['steps']} | {it['median_ape']:.1%} | "
                   f"{it['p95_ape']:.1%} | {it['total_bias']:+.1%} |"]
         if "execute" in e:
             x = e["execute"]
-            lines.append(f"| execute() only (engine part of the model) | {e['steps']} | {x['median_ape']:.1%} | "
+            part = ("vLLM's step only (schedule() to return; same prediction)" if s.get("backend") == "vllm"
+                    else "execute() only (engine part of the model)")
+            lines.append(f"| {part} | {e['steps']} | {x['median_ape']:.1%} | "
                          f"{x['p95_ape']:.1%} | {x['total_bias']:+.1%} |")
         for k, v in e["by_kind"].items():
             lines.append(f"| {k} steps, whole iteration | {v['steps']} | {v['median_ape']:.1%} | {v['p95_ape']:.1%} | "
                          f"{v['total_bias']:+.1%} |")
+        if "uncontended" in e:
+            v = e["uncontended"]
+            lines.append(f"| steps no other process disturbed (wall <= 1.1 x CPU) | {v['steps']} | "
+                         f"{v['median_ape']:.1%} | {v['p95_ape']:.1%} | {v['total_bias']:+.1%} |")
+        for i, v in e.get("by_repeat", {}).items():
+            share = f", {v['cpu_share']:.0%} of the core" if "cpu_share" in v else ""
+            lines.append(f"| real run {i}, whole iteration{share} | {v['steps']} | {v['median_ape']:.1%} | "
+                         f"{v['p95_ape']:.1%} | {v['total_bias']:+.1%} |")
+        if "cpu_share" in e:
+            lines += ["", f"Over the real runs' busy time the replay thread had {e['cpu_share']:.0%} of a core "
+                          f"(CPU seconds / wall seconds); {e['contended_steps']} of {e['steps']} steps lost it to "
+                          "another process (wall > 1.1 x CPU)."]
     return "\n".join(lines) + "\n"
 
 
@@ -199,7 +363,7 @@ def plot_cdfs(real: pd.DataFrame, sim: pd.DataFrame, path: Path, title: str) -> 
     FigureCanvasAgg(fig)
     for ax, (col, label) in zip(fig.subplots(1, 3), (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"),
                                                     ("e2el_ms", "E2E latency (ms)"))):
-        for df, name, style in ((real, "real (engine)", "-"), (sim, "simulated", "--")):
+        for df, name, style in ((real, "real", "-"), (sim, "simulated", "--")):
             v = np.sort(df.loc[df.outcome == "finished", col].dropna().to_numpy(float))
             if v.size:
                 ax.step(v, np.arange(1, v.size + 1) / v.size, style, where="post", label=name)
@@ -217,14 +381,16 @@ def write(res: FidelityResult, cfg: DictConfig, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    for name, r in (("real", res.real), ("sim", res.sim)):
+    runs = [("real" if i == 0 else f"real_{i + 1}", r) for i, r in enumerate(res.repeats or [res.real])]
+    for name, r in runs + [("sim", res.sim)]:
         write_results(out / name, r.requests, r.steps, r.summary, cfg_yaml, run_info(r))
     res.table.to_csv(out / "fidelity.csv", index=False)
     res.steps.to_csv(out / "steps.csv", index=False)
     (out / "fidelity.md").write_text(markdown(res, cfg))
     (out / "fidelity.json").write_text(json.dumps(
-        {"cost_model": res.cost_model, "metrics": {r.key: {"real": r.real, "sim": r.sim, "rel_error": r.rel_error}
-                                                   for r in res.table.itertuples()},
+        {"cost_model": res.cost_model, "repeats": max(len(res.repeats), 1),
+         "metrics": {r["key"]: {k: v for k, v in r.items() if k not in ("key", "metric")}
+                     for r in res.table.to_dict("records")},
          "step_error": res.step_error}, indent=2, default=float) + "\n")
     (out / "config.yaml").write_text(cfg_yaml)
     s = res.real.summary
@@ -234,7 +400,10 @@ def write(res: FidelityResult, cfg: DictConfig, out: Path) -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
-    check_config(cfg, backend="engine")  # the real run is the engine's, whatever backend.name says
+    if cfg.backend.name == "vllm":  # the real run is vLLM's
+        check_config(cfg)
+    else:
+        check_config(cfg, backend="engine")  # the real run is the engine's, whatever backend.name says
     res = run_fidelity(cfg, cfg.output.dir)
     print(markdown(res, cfg))
     print(f"results: {res.out}")

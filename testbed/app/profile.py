@@ -4,7 +4,8 @@ Usage:
     testbed-profile model=tiny_llama backend.device=cpu profile.grid=quick profile.threads=1 \
         profile.out=testbed/profiles/cpu_tiny_llama.csv      # the CPU profile shipped in testbed/profiles/
     testbed-profile model=llama3_8b profile.grid=full profile.out=profiles/h100_llama3_8b.csv
-(`python -m testbed.app.profile ...` is the same.) The grid and the file format are described in
+    testbed-profile backend=vllm ... trace.start_s=600   # real vLLM: fitted from a calibration replay
+(`python -m testbed.app.profile ...` is the same; `backend=vllm` is `testbed.app.vllm_profile`.) The grid and the file format are described in
 `testbed.engine.profile`; this module adds the host-share points (the step loop with a policy, no
 model), which need a policy and so belong to the application.
 """
@@ -121,8 +122,14 @@ def run_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
 def main(cfg: DictConfig) -> str:
     from testbed.sim.fitted_cost import ProfileCostModel, read_profile
 
-    check_config(cfg, backend="engine")  # it profiles the engine, whatever backend.name says
-    path = run_profile(cfg)
+    if cfg.backend.name == "vllm":  # real vLLM: step records of a calibration replay (app/vllm_profile.py)
+        from testbed.app.vllm_profile import run_vllm_profile
+
+        check_config(cfg)
+        path = run_vllm_profile(cfg)
+    else:
+        check_config(cfg, backend="engine")  # it profiles the engine, whatever backend.name says
+        path = run_profile(cfg)
     header, _ = read_profile(path)
     print(f"profile: {path}  ({header.get('points')} points in {header.get('wall_s')} s, "
           f"{header.get('contended_points')} disturbed by other processes)")

@@ -26,6 +26,10 @@ class PolicyReplay:
         self.clock, self.sleep = clock, sleep
         bridge.clock = clock
         self.produced: dict[int, int] = {}  # tokens vLLM has returned, per testbed id
+        # each step's (the loop's batch shape, engine.step() seconds, whole iteration seconds: arrivals +
+        # step + complete), as EngineReplay.step_records, for testbed-fidelity's per-step error
+        self.step_records: list = []
+        self.step_cpu_s: list[float] = []  # this thread's CPU seconds over each recorded iteration
 
     def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
         loop, reqs, bridge = self.bridge.loop, self.requests, self.bridge
@@ -38,16 +42,20 @@ class PolicyReplay:
                     interrupted = True
                     break
                 now = self.clock() - t0
+                cpu0 = time.thread_time()
                 while delivered < len(reqs) and reqs[delivered].arrival <= now and reqs[delivered].arrival < self.horizon:
                     self._arrive(reqs[delivered], now)
                     delivered += 1
                 if now >= self.horizon:
                     break
                 if loop.has_work:
+                    started = self.clock() - t0
                     outputs = self.engine.step()
                     end = self.clock() - t0
                     self._complete(outputs, end)
                     if bridge.batch is not None:
+                        self.step_records.append((bridge.batch.shape, end - started, self.clock() - t0 - now))
+                        self.step_cpu_s.append(time.thread_time() - cpu0)
                         continue
                 if delivered >= len(reqs) or reqs[delivered].arrival >= self.horizon:
                     if loop.has_work:

@@ -3,13 +3,16 @@
 vLLM decides everything (its own `Scheduler.schedule()`, vllm/v1/core/sched/scheduler.py);
 this only watches: after each `schedule()` it notes which requests got how many tokens,
 how many requests it preempted (`_preempt_request`, the one place vLLM V1 preempts), the
-running and waiting counts and the KV blocks in use. The replay reads the log after each
+running and waiting counts, the KV blocks in use, and each scheduled request's tokens computed
+before the step (from which `shape_of` builds the step's BatchShape, for calibration). The replay reads the log after each
 engine step. Built by `scheduler_class()` so that vLLM is imported only when the backend runs.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+from testbed.core.cost import BatchShape
 
 
 @dataclass
@@ -24,6 +27,7 @@ class StepLog:
     running: int
     waiting: int
     kv_used_blocks: int
+    computed: dict[str, int] = field(default_factory=dict)  # id -> tokens computed before this step (cache hits included)
 
 
 @dataclass
@@ -53,6 +57,26 @@ def used_blocks(scheduler) -> int:
     (BlockPool.get_usage, vllm/v1/core/block_pool.py, counts the same way)."""
     pool = scheduler.kv_cache_manager.block_pool
     return pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
+
+
+def shape_of(step: StepLog) -> BatchShape:
+    """The step's batch features as the testbed's step loop sums them (`StepLoop._add_to_shape`):
+    a decode reads its context plus the new token; a prefill chunk of n tokens at offset o (tokens
+    computed before, prefix-cache hits included) is n query tokens over o + n KV tokens with
+    n * (o + (n + 1) / 2) query-key pairs. So a cost model fitted to these shapes is asked the
+    same question the simulator asks it."""
+    shape = BatchShape()
+    for rid, n in step.tokens.items():
+        offset = step.computed.get(rid, 0)
+        if rid in step.decodes:
+            shape.num_decode_seqs += 1
+            shape.decode_kv_tokens += offset + 1
+        else:
+            shape.num_prefill_tokens += n
+            shape.num_prefill_seqs += 1
+            shape.prefill_kv_tokens += offset + n
+            shape.prefill_attn_pairs += n * (offset + (n + 1) / 2)
+    return shape
 
 
 def scheduler_class(log: SchedulerLog):
@@ -85,8 +109,9 @@ def scheduler_class(log: SchedulerLog):
                         decodes.add(rid)
                     if rid not in before:
                         admitted[rid] = (computed_before, req.num_tokens)  # what the prefix cache gave it, of what it asked
+                computed = {rid: self.requests[rid].num_computed_tokens - n for rid, n in tokens.items()}
                 log.steps.append(StepLog(start, tokens, decodes, admitted, list(self._step_preempted),
-                                         len(self.running), len(self.waiting), used_blocks(self)))
+                                         len(self.running), len(self.waiting), used_blocks(self), computed))
             return out
 
     return RecordingScheduler

@@ -18,9 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from testbed.core.cost import BatchShape
 from testbed.core.loop import ReplayOutcome, StepSeries
 from testbed.core.request import Request, RequestState, Status
-from testbed.vllm_backend.recording import SchedulerLog, StepDecision
+from testbed.vllm_backend.recording import SchedulerLog, StepDecision, shape_of
 
 
 @dataclass
@@ -71,6 +72,12 @@ class VLLMReplay:
         self.delivered: list[tuple[float, Request]] = []  # (seconds since start, request) as handed to vLLM
         self.decisions: list[StepDecision] = []  # every step, for the referee
         self.output_ids: dict[int, list[int]] = {}  # the tokens vLLM generated, per request
+        # each step's (batch shape, vLLM's step: schedule() to the step's return, whole iteration: arrivals +
+        # step + recording), as EngineReplay.step_records (shape, execute() seconds, iteration seconds)
+        self.step_records: list[tuple[BatchShape, float, float]] = []
+        # this thread's CPU seconds over each recorded iteration (torch on one thread runs the forward here):
+        # well below the iteration's wall time, another process had the core (testbed-fidelity reports it)
+        self.step_cpu_s: list[float] = []
 
     def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
         reqs, rec = self.requests, self.run_record
@@ -84,14 +91,21 @@ class VLLMReplay:
                     interrupted = True
                     break
                 now = self.clock() - t0
+                cpu0 = time.thread_time()
                 while delivered < len(reqs) and reqs[delivered].arrival <= now and reqs[delivered].arrival < self.horizon:
                     self._arrive(reqs[delivered], now)
                     delivered += 1
                 if now >= self.horizon:
                     break
                 if self.live:
+                    known = len(self.step_records)
                     outputs = self.engine.step()
                     self._record(outputs, self.clock() - t0, t0)
+                    if len(self.step_records) > known:  # the whole iteration, as EngineReplay's: arrivals + step + record
+                        shape, step_s, _ = self.step_records[-1]
+                        self.step_records[-1] = (shape, step_s, self.clock() - t0 - now)
+                        self.step_cpu_s += [float("nan")] * (len(self.step_records) - known - 1)
+                        self.step_cpu_s.append(time.thread_time() - cpu0)
                     continue
                 if delivered >= len(reqs) or reqs[delivered].arrival >= self.horizon:
                     break
@@ -143,6 +157,8 @@ class VLLMReplay:
             stop = logs[i + 1].start - t0 if i + 1 < len(logs) else end
             series.start.append(start)
             series.duration.append(stop - start)
+            if step.tokens:
+                self.step_records.append((shape_of(step), stop - start, stop - start))  # run() sets the iteration
             series.prefill_tokens.append(sum(n for rid, n in step.tokens.items() if rid not in step.decodes))
             series.decode_tokens.append(len(step.decodes))
             series.running.append(step.running)
