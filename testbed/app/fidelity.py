@@ -257,9 +257,8 @@ def run_fidelity(cfg: DictConfig, out_dir: str | Path | None = None) -> Fidelity
         cpus.append(getattr(replay, "step_cpu_s", None))
     s0 = reals[0].summary
     sim_kv = {"kv__num_blocks": s0["kv_blocks"]}
-    if vllm:  # vLLM's own block size; prefix caching only where vLLM had it (native mode)
-        sim_kv.update(kv__block_size=s0["block_size"],
-                      kv__enable_prefix_caching=bool(cfg.kv.enable_prefix_caching and cfg.backend.scheduler == "native"))
+    if vllm:  # vLLM's own block size
+        sim_kv.update(kv__block_size=s0["block_size"])
     sim_cfg = _with(cfg, backend__name="sim", backend__replicas=1, backend__scheduler="native", **sim_kv)
     sim = simulate(sim_cfg)
     cost = prepare(sim_cfg).cost
