@@ -212,10 +212,15 @@ def test_native_replay_keeps_a_step_record_per_step_that_ran_tokens():
     from testbed.vllm_backend.recording import SchedulerLog
     from testbed.vllm_backend.replay import VLLMReplay
 
+    from testbed.core.request import Request, RequestState
+
     log = SchedulerLog(num_blocks=10, block_size=128)
     replay = VLLMReplay(None, log, [], lambda r: [], 2048)
+    replay.by_id["a"] = RequestState(Request(7, 0.0, 64, 2))  # vLLM's id "a" is the testbed's request 7
     log.steps[:] = [_step({"a": 64}, {"a": 0}, start=10.0), _step({"a": 1}, {"a": 64}, {"a"}, start=10.02)]
     replay._record([], end=0.05, t0=10.0)
+    assert [(d.tokens, d.start, d.end) for d in replay.decisions] == [({7: 64}, 0.0, pytest.approx(0.02)),
+                                                                      ({7: 1}, pytest.approx(0.02), 0.05)]
     assert [(shape, round(s, 6)) for shape, s, _ in replay.step_records] == [
         (BatchShape(64, 1, 64 * 32.5, 64, 0, 0), 0.02), (BatchShape(0, 0, 0.0, 0, 1, 65), 0.03)]
     assert all(x == it for _, x, it in replay.step_records)  # run() widens the last one to the whole iteration

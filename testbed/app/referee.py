@@ -142,6 +142,13 @@ def lockstep(decisions, delivered: list[tuple[float, Request]], loop: StepLoop,
     return verdict, ReplayOutcome([loop], [], end)
 
 
+def lockstep_loop(cfg: DictConfig, setup, num_blocks: int, block_size: int) -> StepLoop:
+    """The `vllm` policy's step loop on a cache shaped as vLLM's (its usable blocks, its block size)."""
+    return StepLoop(make_policy("vllm", **setup.knobs), BlockManager(num_blocks, block_size, cfg.kv.enable_prefix_caching),
+                    SchedulerLimits(setup.limits.max_num_batched_tokens, setup.limits.max_num_seqs,
+                                    setup.limits.max_model_len), record_token_times=cfg.output.record_token_times)
+
+
 def engine_side(cfg: DictConfig, setup, replay, num_blocks: int, block_size: int) -> dict:
     """The same lockstep with our engine running every batch: its decisions, and whether the
     tokens it generates (same seeded weights, same prompts, greedy) are vLLM's."""
@@ -154,9 +161,7 @@ def engine_side(cfg: DictConfig, setup, replay, num_blocks: int, block_size: int
     model = build_model(spec, cfg.backend.dtype or spec.dtype, "cpu", seed=cfg.seed)
     cache = PagedKVCache.for_model(model.config, num_blocks, block_size, next(model.parameters()).dtype)
     executor = EngineExecutor(ModelRunner(model, cache), PromptTokens(spec.vocab_size, cfg.seed))
-    loop = StepLoop(make_policy("vllm", **setup.knobs), BlockManager(num_blocks, block_size, cfg.kv.enable_prefix_caching),
-                    SchedulerLimits(setup.limits.max_num_batched_tokens, setup.limits.max_num_seqs,
-                                    setup.limits.max_model_len))
+    loop = lockstep_loop(cfg, setup, num_blocks, block_size)
     verdict, _ = lockstep(replay.decisions, replay.delivered, loop, executor)
     same, compared, first = 0, 0, None
     for s in loop.states:
@@ -257,14 +262,12 @@ def run_referee(cfg: DictConfig, out: str | Path, command: str = "") -> dict:
     real = replay_on_vllm(cfg, on_done=lambda setup, replay: got.update(setup=setup, replay=replay))
     setup, replay = got["setup"], got["replay"]
     t0 = time.perf_counter()
-    kv = BlockManager(replay.run_record.kv.num_blocks, replay.run_record.kv.block_size, cfg.kv.enable_prefix_caching)
-    limits = SchedulerLimits(setup.limits.max_num_batched_tokens, setup.limits.max_num_seqs,
-                             setup.limits.max_model_len)
-    loop = StepLoop(make_policy("vllm", **setup.knobs), kv, limits, record_token_times=cfg.output.record_token_times)
-    verdict, outcome = lockstep(replay.decisions, replay.delivered, loop)
+    blocks, block_size = replay.run_record.kv.num_blocks, replay.run_record.kv.block_size
+    log.info("lockstep over vLLM's %d steps: the vllm policy, then our engine", len(replay.decisions))
+    verdict, outcome = lockstep(replay.decisions, replay.delivered, lockstep_loop(cfg, setup, blocks, block_size))
     sim = finish(cfg, setup, outcome, "sim-lockstep", t0)
     rep = report(verdict, real.summary, sim.summary, command)
-    rep["engine"] = engine_side(cfg, setup, replay, kv.num_blocks, kv.block_size)
+    rep["engine"] = engine_side(cfg, setup, replay, blocks, block_size)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg_yaml = OmegaConf.to_yaml(cfg)
