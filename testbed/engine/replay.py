@@ -17,6 +17,7 @@ from typing import Callable, Protocol, Sequence
 from testbed.core.cost import BatchShape
 from testbed.core.loop import Batch, ReplayOutcome, StepLoop
 from testbed.core.request import Request, Status
+from testbed.core.wallclock import WallClockReplay
 
 
 class StepRunner(Protocol):
@@ -27,14 +28,13 @@ class StepRunner(Protocol):
     def swap_in(self, state, blocks: list[int]) -> None: ...
 
 
-class EngineReplay:
+class EngineReplay(WallClockReplay):
     def __init__(self, requests: Sequence[Request], loop: StepLoop, runner: StepRunner,
                  prompt_tokens: Callable[[Request], list[int]], horizon_s: float | None = None,
                  clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep):
-        self.requests, self.loop, self.runner = requests, loop, runner
+        super().__init__(requests, horizon_s, clock, sleep)
+        self.loop, self.runner = loop, runner
         self.prompt_tokens = prompt_tokens
-        self.horizon = horizon_s if horizon_s is not None else float("inf")
-        self.clock, self.sleep = clock, sleep
         self.tokens: dict[int, list[int]] = {}  # known token ids of every live request
         self.step_wall: list[float] = []  # measured seconds of each step's execute(), for calibration
         # each step's (batch shape, execute() seconds, whole iteration seconds: arrivals + plan + execute +
@@ -43,50 +43,31 @@ class EngineReplay:
         self.generated: dict[int, list[int]] = {}  # output token ids of every finished request
 
     def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
-        loop, reqs = self.loop, self.requests
-        delivered = 0
-        stalled = interrupted = False
+        loop = self.loop
         t0 = self.clock()
-        try:
-            while True:
-                if stop is not None and stop():
-                    interrupted = True
-                    break
-                now = self.clock() - t0
-                while delivered < len(reqs) and reqs[delivered].arrival <= now and reqs[delivered].arrival < self.horizon:
-                    self._arrive(reqs[delivered], now)
-                    delivered += 1
-                if now >= self.horizon:
-                    break
-                batch = loop.plan(now) if loop.has_work else None
-                if batch is not None:
-                    self._step(batch, t0, now)
-                    continue
-                if delivered >= len(reqs) or reqs[delivered].arrival >= self.horizon:
-                    if loop.has_work:
-                        stalled = True
-                        loop.abandon(f"stalled: policy {loop.policy_name!r} scheduled nothing and no arrivals were left")
-                    break
-                wait = max(0.0, min(reqs[delivered].arrival, self.horizon) - (self.clock() - t0))
-                if stop is None:
-                    self.sleep(wait)
-                else:  # a signal does not cut a sleep short: look every 0.1 s
-                    while wait > 0 and not stop():
-                        self.sleep(min(wait, 0.1))
-                        wait = min(reqs[delivered].arrival, self.horizon) - (self.clock() - t0)
-        except KeyboardInterrupt:
-            interrupted = True
-        end = self.clock() - t0
-        if loop.has_work:
-            loop.abandon("interrupted" if interrupted else "unfinished at the horizon")
-        return ReplayOutcome([loop], list(reqs[delivered:]), end, stalled, interrupted)
+        d = self._drive(stop, t0)
+        if d.stalled:
+            loop.abandon(f"stalled: policy {loop.policy_name!r} scheduled nothing and no arrivals were left")
+        elif loop.has_work:
+            loop.abandon("interrupted" if d.interrupted else "unfinished at the horizon")
+        return ReplayOutcome([loop], list(self.requests[d.delivered:]), d.end, d.stalled, d.interrupted)
+
+    def _has_work(self) -> bool:
+        return self.loop.has_work
+
+    def _step(self, now: float, t0: float) -> bool:
+        batch = self.loop.plan(now)
+        if batch is None:
+            return False
+        self._run(batch, t0, now)
+        return True
 
     def _arrive(self, req: Request, now: float) -> None:
         s = self.loop.arrive(req, now)
         if s.status is not Status.REJECTED:
             self.tokens[req.id] = self.prompt_tokens(req)
 
-    def _step(self, batch: Batch, t0: float, now: float) -> None:
+    def _run(self, batch: Batch, t0: float, now: float) -> None:
         runner = self.runner
         for s, blocks in batch.swap_out or ():
             runner.swap_out(s, blocks)

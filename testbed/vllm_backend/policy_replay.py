@@ -13,17 +13,17 @@ from typing import Callable, Sequence
 
 from testbed.core.loop import ReplayOutcome
 from testbed.core.request import Request, Status
+from testbed.core.wallclock import WallClockReplay
 from testbed.vllm_backend.policy import PlanNotApplicable, PolicyBridge
 from testbed.vllm_backend.replay import sampling_params
 
 
-class PolicyReplay:
+class PolicyReplay(WallClockReplay):
     def __init__(self, engine, bridge: PolicyBridge, requests: Sequence[Request],
                  prompt_tokens: Callable[[Request], list[int]], horizon_s: float | None = None,
                  clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep):
-        self.engine, self.bridge, self.requests, self.prompt_tokens = engine, bridge, requests, prompt_tokens
-        self.horizon = horizon_s if horizon_s is not None else float("inf")
-        self.clock, self.sleep = clock, sleep
+        super().__init__(requests, horizon_s, clock, sleep)
+        self.engine, self.bridge, self.prompt_tokens = engine, bridge, prompt_tokens
         bridge.clock = clock
         self.produced: dict[int, int] = {}  # tokens vLLM has returned, per testbed id
         # each step's (the loop's batch shape, engine.step() seconds, whole iteration seconds: arrivals +
@@ -32,48 +32,30 @@ class PolicyReplay:
         self.step_cpu_s: list[float] = []  # this thread's CPU seconds over each recorded iteration
 
     def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
-        loop, reqs, bridge = self.bridge.loop, self.requests, self.bridge
-        delivered = 0
-        stalled = interrupted = False
+        loop, bridge = self.bridge.loop, self.bridge
         t0 = bridge.t0 = self.clock()
-        try:
-            while True:
-                if stop is not None and stop():
-                    interrupted = True
-                    break
-                now = self.clock() - t0
-                cpu0 = time.thread_time()
-                while delivered < len(reqs) and reqs[delivered].arrival <= now and reqs[delivered].arrival < self.horizon:
-                    self._arrive(reqs[delivered], now)
-                    delivered += 1
-                if now >= self.horizon:
-                    break
-                if loop.has_work:
-                    started = self.clock() - t0
-                    outputs = self.engine.step()
-                    end = self.clock() - t0
-                    self._complete(outputs, end)
-                    if bridge.batch is not None:
-                        self.step_records.append((bridge.batch.shape, end - started, self.clock() - t0 - now))
-                        self.step_cpu_s.append(time.thread_time() - cpu0)
-                        continue
-                if delivered >= len(reqs) or reqs[delivered].arrival >= self.horizon:
-                    if loop.has_work:
-                        stalled = True
-                        self._abort()
-                        loop.abandon(f"stalled: policy {loop.policy_name!r} scheduled nothing and no arrivals were left")
-                    break
-                wait = max(0.0, min(reqs[delivered].arrival, self.horizon) - (self.clock() - t0))
-                while wait > 0 and not (stop is not None and stop()):
-                    self.sleep(min(wait, 0.1))
-                    wait = min(reqs[delivered].arrival, self.horizon) - (self.clock() - t0)
-        except KeyboardInterrupt:
-            interrupted = True
-        end = self.clock() - t0
+        d = self._drive(stop, t0)
         if loop.has_work:
             self._abort()
-            loop.abandon("interrupted" if interrupted else "unfinished at the horizon")
-        return ReplayOutcome([loop], list(reqs[delivered:]), end, stalled, interrupted)
+            loop.abandon(f"stalled: policy {loop.policy_name!r} scheduled nothing and no arrivals were left"
+                         if d.stalled else "interrupted" if d.interrupted else "unfinished at the horizon")
+        return ReplayOutcome([loop], list(self.requests[d.delivered:]), d.end, d.stalled, d.interrupted)
+
+    def _has_work(self) -> bool:
+        return self.bridge.loop.has_work
+
+    def _step(self, now: float, t0: float) -> bool:
+        """One vLLM step (the PolicyScheduler asks the loop for the plan); False if it planned nothing."""
+        started = self.clock() - t0
+        outputs = self.engine.step()
+        end = self.clock() - t0
+        self._complete(outputs, end)
+        batch = self.bridge.batch
+        if batch is None:
+            return False
+        self.step_records.append((batch.shape, end - started, self.clock() - t0 - now))
+        self.step_cpu_s.append(time.thread_time() - self.iteration_cpu0)
+        return True
 
     def _arrive(self, req: Request, now: float) -> None:
         s = self.bridge.loop.arrive(req, now)

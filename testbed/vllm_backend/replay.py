@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 from testbed.core.cost import BatchShape
 from testbed.core.loop import ReplayOutcome, StepSeries
 from testbed.core.request import Request, RequestState, Status
+from testbed.core.wallclock import WallClockReplay
 from testbed.vllm_backend.recording import SchedulerLog, StepDecision, shape_of
 
 
@@ -56,16 +57,15 @@ def sampling_params(req: Request):
                           temperature=0.0, output_kind=RequestOutputKind.DELTA)
 
 
-class VLLMReplay:
+class VLLMReplay(WallClockReplay):
     def __init__(self, engine, log: SchedulerLog, requests: Sequence[Request],
                  prompt_tokens: Callable[[Request], list[int]], max_model_len: int,
                  horizon_s: float | None = None, record_token_times: bool = False,
                  clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep):
-        self.engine, self.log, self.requests = engine, log, requests
+        super().__init__(requests, horizon_s, clock, sleep)
+        self.engine, self.log = engine, log
         self.prompt_tokens, self.max_model_len = prompt_tokens, max_model_len
-        self.horizon = horizon_s if horizon_s is not None else float("inf")
         self.record_token_times = record_token_times
-        self.clock, self.sleep = clock, sleep
         self.run_record = VLLMRun(KVStats(log.num_blocks, log.block_size))
         self.by_id: dict[str, RequestState] = {}  # vLLM's internal id and our external id -> state
         self.live: dict[int, RequestState] = {}
@@ -80,49 +80,31 @@ class VLLMReplay:
         self.step_cpu_s: list[float] = []
 
     def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
-        reqs, rec = self.requests, self.run_record
-        delivered = 0
-        interrupted = False
         t0 = self.clock()
         self.log.steps.clear()
-        try:
-            while True:
-                if stop is not None and stop():
-                    interrupted = True
-                    break
-                now = self.clock() - t0
-                cpu0 = time.thread_time()
-                while delivered < len(reqs) and reqs[delivered].arrival <= now and reqs[delivered].arrival < self.horizon:
-                    self._arrive(reqs[delivered], now)
-                    delivered += 1
-                if now >= self.horizon:
-                    break
-                if self.live:
-                    known = len(self.step_records)
-                    outputs = self.engine.step()
-                    self._record(outputs, self.clock() - t0, t0)
-                    if len(self.step_records) > known:  # the whole iteration, as EngineReplay's: arrivals + step + record
-                        shape, step_s, _ = self.step_records[-1]
-                        self.step_records[-1] = (shape, step_s, self.clock() - t0 - now)
-                        self.step_cpu_s += [float("nan")] * (len(self.step_records) - known - 1)
-                        self.step_cpu_s.append(time.thread_time() - cpu0)
-                    continue
-                if delivered >= len(reqs) or reqs[delivered].arrival >= self.horizon:
-                    break
-                wait = max(0.0, min(reqs[delivered].arrival, self.horizon) - (self.clock() - t0))
-                while wait > 0 and not (stop is not None and stop()):
-                    self.sleep(min(wait, 0.1))
-                    wait = min(reqs[delivered].arrival, self.horizon) - (self.clock() - t0)
-        except KeyboardInterrupt:
-            interrupted = True
-        end = self.clock() - t0
-        reason = "interrupted" if interrupted else "unfinished at the horizon"
+        d = self._drive(stop, t0)
+        reason = "interrupted" if d.interrupted else "unfinished at the horizon"
         for s in self.live.values():
             s.reject_reason = reason
         if self.live:
             self.engine.abort_request([str(i) for i in self.live])
         self.live.clear()
-        return ReplayOutcome([rec], list(reqs[delivered:]), end, False, interrupted)
+        return ReplayOutcome([self.run_record], list(self.requests[d.delivered:]), d.end, False, d.interrupted)
+
+    def _has_work(self) -> bool:
+        return bool(self.live)
+
+    def _step(self, now: float, t0: float) -> bool:
+        """One vLLM step (its own scheduler decides), recorded; vLLM always makes progress here."""
+        known = len(self.step_records)
+        outputs = self.engine.step()
+        self._record(outputs, self.clock() - t0, t0)
+        if len(self.step_records) > known:  # the whole iteration, as EngineReplay's: arrivals + step + record
+            shape, step_s, _ = self.step_records[-1]
+            self.step_records[-1] = (shape, step_s, self.clock() - t0 - now)
+            self.step_cpu_s += [float("nan")] * (len(self.step_records) - known - 1)
+            self.step_cpu_s.append(time.thread_time() - self.iteration_cpu0)
+        return True
 
     def _arrive(self, req: Request, now: float) -> None:
         self.delivered.append((now, req))
