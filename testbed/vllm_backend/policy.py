@@ -91,12 +91,16 @@ def scheduler_class(bridge: PolicyBridge):
                     if req.num_computed_tokens != 0:
                         raise PlanNotApplicable(f"request {s.req.id} re-enters vLLM with {req.num_computed_tokens} "
                                                 "computed tokens; the testbed loop recomputes it from 0")
-                    # vLLM's prefix-cache hit (its waiting pass, scheduler.py L967) must be the one
-                    # the loop's BlockManager gave: both cache every full block by content
+                    # vLLM's prefix-cache hit (its waiting pass, scheduler.py L967) must cover the one the
+                    # loop's BlockManager gave (both cache every full block by content); the loop takes
+                    # less of it when the plan asked for more tokens than the hit leaves, and so does vLLM
                     hit_blocks, hit, _ = self.kv_cache_manager.get_computed_blocks(req)
-                    if hit != s.num_computed:
+                    if hit < s.num_computed:
                         raise PlanNotApplicable(f"request {s.req.id}: vLLM's prefix cache hits {hit} tokens, the "
                                                 f"testbed loop's {s.num_computed}")
+                    if hit > s.num_computed:
+                        hit_blocks = self.kv_cache_manager.truncate_computed_blocks(hit_blocks, s.num_computed)
+                        hit = s.num_computed
                     if self.kv_cache_manager.allocate_slots(req, n, num_new_computed_tokens=hit,
                                                             new_computed_blocks=hit_blocks,
                                                             num_lookahead_tokens=self.num_lookahead_tokens,
