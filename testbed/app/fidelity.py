@@ -15,7 +15,7 @@ policy=vllm (`backend.scheduler=native`), the testbed's policy deciding inside v
 other (`backend.scheduler=policy`; native with another policy is refused, it would compare
 vLLM's scheduler with that policy). The profile must come from `testbed-profile backend=vllm`
 on another trace (refused when its header names this very trace). The simulator gets vLLM's
-KV capacity and block size, and prefix caching only where vLLM had it.
+KV capacity and block size.
 
 `fidelity.repeats=N` replays the real side N times: the machine's noise is then measured, not
 guessed. Per metric the table gives the real runs' mean, min, max, spread ((max - min) / mean)
@@ -173,12 +173,11 @@ def compare_repeats(reals: list[dict], sim: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def contended(measured_s, cpu_s):
-    """Steps that lost the core to another process: wall time over 1.1 x this thread's CPU time (+20 us),
-    the rule `testbed-profile` uses on a CPU; NaN CPU time (not measured) counts as not contended."""
-    measured_s, cpu_s = np.asarray(measured_s, float), np.asarray(cpu_s, float)
-    with np.errstate(invalid="ignore"):
-        return np.where(np.isfinite(cpu_s), measured_s > 1.1 * cpu_s + 20e-6, False)
+def contended(measured_s, cpu_s) -> np.ndarray:
+    """Per step, whether it lost the core to another process (`testbed-profile`'s rule, `lost_the_core`)."""
+    from testbed.engine.profile import lost_the_core
+
+    return np.array([lost_the_core(m, c) for m, c in zip(measured_s, cpu_s)], bool)
 
 
 def step_errors(records, cost, cpu_s=None) -> tuple[pd.DataFrame, dict]:
@@ -189,8 +188,7 @@ def step_errors(records, cost, cpu_s=None) -> tuple[pd.DataFrame, dict]:
     rows = []
     engine_time = getattr(cost, "engine_time", None)
     for shape, exec_s, iter_s in records:
-        kind = ("mixed" if shape.num_decode_seqs else "prefill") if shape.num_prefill_seqs else "decode"
-        rows.append({"kind": kind, **{n: getattr(shape, n) for n in names}, "measured_s": iter_s,
+        rows.append({"kind": shape.kind, **{n: getattr(shape, n) for n in names}, "measured_s": iter_s,
                      "predicted_s": cost.step_time(shape), "execute_s": exec_s,
                      "predicted_execute_s": engine_time(shape) if engine_time else float("nan")})
     df = pd.DataFrame(rows)

@@ -34,29 +34,22 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from testbed.core.cost import BatchShape
 
 SOURCE = "vllm-replay"
-
-
-def kind_of(shape: BatchShape) -> str:
-    if shape.num_prefill_seqs:
-        return "mixed" if shape.num_decode_seqs else "prefill"
-    return "decode"
 
 
 def record_rows(records, cpu_s=None) -> list[dict]:
     """Profile rows from replay step records ((shape, vLLM step seconds, iteration seconds)); `cpu_s`, the
     replay thread's CPU seconds per step, marks the steps another process slowed (`contended`). Every
     row is kept: the simulator is to predict this machine as the replay meets it, noise included."""
-    from testbed.app.fidelity import contended
+    from testbed.engine.profile import lost_the_core
 
     cpu = list(cpu_s) if cpu_s is not None and len(cpu_s) == len(records) else [math.nan] * len(records)
     rows = []
     for (shape, _, seconds), c in zip(records, cpu):
-        rows.append({"kind": kind_of(shape), **asdict(shape), "seconds": seconds, "prepare_s": math.nan,
+        rows.append({"kind": shape.kind, **asdict(shape), "seconds": seconds, "prepare_s": math.nan,
                      "forward_s": math.nan, "min_s": seconds, "cpu_s": c, "repeats": 1,
-                     "contended": int(contended([seconds], [c])[0])})
+                     "contended": int(lost_the_core(seconds, c))})
     return rows
 
 

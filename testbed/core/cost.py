@@ -9,8 +9,7 @@ to a profile of the real engine (`testbed.sim.fitted_cost`) plugs into the same 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
-
+from typing import Iterable, Protocol
 
 
 @dataclass(slots=True)
@@ -30,6 +29,38 @@ class BatchShape:
     @property
     def num_seqs(self) -> int:
         return self.num_prefill_seqs + self.num_decode_seqs
+
+    @property
+    def kind(self) -> str:
+        """"prefill", "decode" or "mixed" (both), as profiles and per-step errors group steps."""
+        if self.num_prefill_seqs:
+            return "mixed" if self.num_decode_seqs else "prefill"
+        return "decode"
+
+
+def add_work(shape: BatchShape, work: Iterable[tuple[int, int, bool]]) -> None:
+    """Add a batch's (offset, tokens, is_decode) items to `shape`: a decode reads its context plus
+    the new token; a prefill chunk of n tokens at offset o (tokens already in the cache) is n query
+    tokens over o + n KV tokens, n * (o + (n + 1) / 2) query-key pairs. The one place batch
+    features are summed, for the simulator's step loop and for a real vLLM step alike, so a cost
+    model fitted to one is asked the same question by the other."""
+    prefill_tokens = prefill_seqs = decode_seqs = decode_kv = prefill_kv = 0
+    pairs = 0.0
+    for offset, n, decode in work:
+        if decode:
+            decode_seqs += 1
+            decode_kv += offset + 1
+        else:
+            prefill_tokens += n
+            prefill_seqs += 1
+            prefill_kv += offset + n
+            pairs += n * (offset + (n + 1) / 2)
+    shape.num_prefill_tokens += prefill_tokens
+    shape.num_prefill_seqs += prefill_seqs
+    shape.prefill_attn_pairs += pairs
+    shape.prefill_kv_tokens += prefill_kv
+    shape.num_decode_seqs += decode_seqs
+    shape.decode_kv_tokens += decode_kv
 
 
 class CostModel(Protocol):

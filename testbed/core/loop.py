@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from testbed.core.cost import BatchShape, CostModel
+from testbed.core.cost import BatchShape, CostModel, add_work
 from testbed.core.kv import BlockManager, KVCapacityError
 from testbed.core.plan import PREEMPT_MODES, RECOMPUTE, Plan, PlanError
 from testbed.core.policy import Policy
@@ -99,7 +99,7 @@ class StepLoop:
         self.states.append(s)
         if self.record_token_times:
             s.token_times = []
-        reason = self._reject_reason(req)
+        reason = reject_reason(req, self.limits.max_model_len, self.kv)
         if reason:
             s.status, s.reject_reason, s.finish_time = Status.REJECTED, reason, now
             return s
@@ -110,15 +110,6 @@ class StepLoop:
             self._on_arrival(s, self.view)
         return s
 
-    def _reject_reason(self, req: Request) -> str:
-        total = req.prompt_len + req.output_len
-        if total > self.limits.max_model_len:
-            return (f"too-long: prompt {req.prompt_len} + output {req.output_len} = {total} tokens "
-                    f"> max_model_len {self.limits.max_model_len}")
-        need = self.kv.blocks_for(total)
-        if need > self.kv.num_blocks:
-            return f"exceeds-kv: needs {need} KV blocks, the cache has {self.kv.num_blocks}"
-        return ""
 
     @property
     def has_work(self) -> bool:
@@ -268,14 +259,7 @@ class StepLoop:
         for s, n in batch.items:
             s.num_computed += n
             if s.num_computed == s.req.prompt_len + s.num_generated:
-                s.num_generated += 1
-                if s.first_token_time < 0:
-                    s.first_token_time = now
-                else:
-                    itl.append(now - s.last_token_time)
-                s.last_token_time = now
-                if s.token_times is not None:
-                    s.token_times.append(now)
+                record_token(s, now, itl)
                 if s.num_generated >= s.req.output_len:
                     self._finish(s, now)
                     any_finished = True
@@ -391,27 +375,14 @@ class StepLoop:
         return shape
 
     def _add_to_shape(self, shape: BatchShape, items, predicting: bool = False) -> None:
-        prefill_tokens = prefill_seqs = decode_seqs = decode_kv = prefill_kv = 0
-        pairs = 0.0
-        kv = self.kv
-        for s, n in items:
-            offset = s.num_computed
-            if predicting and s.status is _WAITING and not s.blocks:
-                offset = kv.match_prefix(s)
-            if n == 1 and s.num_generated and offset + 1 == s.req.prompt_len + s.num_generated:
-                decode_seqs += 1
-                decode_kv += offset + 1
-            else:
-                prefill_tokens += n
-                prefill_seqs += 1
-                prefill_kv += offset + n
-                pairs += n * (offset + (n + 1) / 2)
-        shape.num_prefill_tokens += prefill_tokens
-        shape.num_prefill_seqs += prefill_seqs
-        shape.prefill_attn_pairs += pairs
-        shape.prefill_kv_tokens += prefill_kv
-        shape.num_decode_seqs += decode_seqs
-        shape.decode_kv_tokens += decode_kv
+        add_work(shape, (self._work_of(s, n, predicting) for s, n in items))
+
+    def _work_of(self, s: RequestState, n: int, predicting: bool) -> tuple[int, int, bool]:
+        """(offset, tokens, is_decode) of one planned item; a waiting request predicted at its prefix hit."""
+        offset = s.num_computed
+        if predicting and s.status is _WAITING and not s.blocks:
+            offset = self.kv.match_prefix(s)
+        return offset, n, n == 1 and s.num_generated > 0 and offset + 1 == s.req.prompt_len + s.num_generated
 
     # --- the end of a run -----------------------------------------------------------------
     def abandon(self, reason: str) -> None:
@@ -436,6 +407,30 @@ class ReplayOutcome:
     end_time: float = 0.0
     stalled: bool = False
     interrupted: bool = False
+
+
+def reject_reason(req: Request, max_model_len: int, kv) -> str:
+    """Why a request can never be served (longer than the context, or than the whole KV cache), or ''."""
+    total = req.prompt_len + req.output_len
+    if total > max_model_len:
+        return (f"too-long: prompt {req.prompt_len} + output {req.output_len} = {total} tokens "
+                f"> max_model_len {max_model_len}")
+    need = kv.blocks_for(total)
+    if need > kv.num_blocks:
+        return f"exceeds-kv: needs {need} KV blocks, the cache has {kv.num_blocks}"
+    return ""
+
+
+def record_token(s: RequestState, now: float, itl: list[float]) -> None:
+    """A request's next token came out at `now`: its TTFT or one more inter-token gap."""
+    s.num_generated += 1
+    if s.first_token_time < 0:
+        s.first_token_time = now
+    else:
+        itl.append(now - s.last_token_time)
+    s.last_token_time = now
+    if s.token_times is not None:
+        s.token_times.append(now)
 
 
 def _arrival_order(s: RequestState) -> tuple[float, int]:

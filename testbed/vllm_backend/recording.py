@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from testbed.core.cost import BatchShape
+from testbed.core.cost import BatchShape, add_work
 
 
 @dataclass
@@ -60,22 +60,9 @@ def used_blocks(scheduler) -> int:
 
 
 def shape_of(step: StepLog) -> BatchShape:
-    """The step's batch features as the testbed's step loop sums them (`StepLoop._add_to_shape`):
-    a decode reads its context plus the new token; a prefill chunk of n tokens at offset o (tokens
-    computed before, prefix-cache hits included) is n query tokens over o + n KV tokens with
-    n * (o + (n + 1) / 2) query-key pairs. So a cost model fitted to these shapes is asked the
-    same question the simulator asks it."""
+    """The step's batch features, summed as the simulator's step loop sums them (`add_work`)."""
     shape = BatchShape()
-    for rid, n in step.tokens.items():
-        offset = step.computed.get(rid, 0)
-        if rid in step.decodes:
-            shape.num_decode_seqs += 1
-            shape.decode_kv_tokens += offset + 1
-        else:
-            shape.num_prefill_tokens += n
-            shape.num_prefill_seqs += 1
-            shape.prefill_kv_tokens += offset + n
-            shape.prefill_attn_pairs += n * (offset + (n + 1) / 2)
+    add_work(shape, ((step.computed.get(rid, 0), n, rid in step.decodes) for rid, n in step.tokens.items()))
     return shape
 
 
@@ -101,15 +88,14 @@ def scheduler_class(log: SchedulerLog):
             out = super().schedule(*args, **kwargs)
             tokens = dict(out.num_scheduled_tokens)
             if tokens or self._step_preempted:
-                decodes, admitted = set(), {}
+                decodes, admitted, computed = set(), {}, {}
                 for rid, n in tokens.items():
                     req = self.requests[rid]
-                    computed_before = req.num_computed_tokens - n  # _update_after_schedule already advanced it
-                    if n == 1 and req.num_output_tokens > 0 and computed_before + 1 == req.num_tokens:
+                    computed[rid] = req.num_computed_tokens - n  # _update_after_schedule already advanced it
+                    if n == 1 and req.num_output_tokens > 0 and computed[rid] + 1 == req.num_tokens:
                         decodes.add(rid)
                     if rid not in before:
-                        admitted[rid] = (computed_before, req.num_tokens)  # what the prefix cache gave it, of what it asked
-                computed = {rid: self.requests[rid].num_computed_tokens - n for rid, n in tokens.items()}
+                        admitted[rid] = (computed[rid], req.num_tokens)  # what the prefix cache gave it, of what it asked
                 log.steps.append(StepLog(start, tokens, decodes, admitted, list(self._step_preempted),
                                          len(self.running), len(self.waiting), used_blocks(self), computed))
             return out

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from testbed.core.cost import BatchShape
-from testbed.core.loop import ReplayOutcome, StepSeries
+from testbed.core.loop import ReplayOutcome, StepSeries, record_token, reject_reason
 from testbed.core.request import Request, RequestState, Status
 from testbed.core.wallclock import WallClockReplay
 from testbed.vllm_backend.recording import SchedulerLog, StepDecision, shape_of
@@ -112,15 +112,7 @@ class VLLMReplay(WallClockReplay):
         self.run_record.states.append(s)
         if self.record_token_times:
             s.token_times = []
-        total = req.prompt_len + req.output_len
-        kv = self.run_record.kv
-        if total > self.max_model_len:
-            reason = (f"too-long: prompt {req.prompt_len} + output {req.output_len} = {total} tokens "
-                      f"> max_model_len {self.max_model_len}")
-        elif kv.blocks_for(total) > kv.num_blocks:
-            reason = f"exceeds-kv: needs {kv.blocks_for(total)} KV blocks, the cache has {kv.num_blocks}"
-        else:
-            reason = ""
+        reason = reject_reason(req, self.max_model_len, self.run_record.kv)
         if reason:
             s.status, s.reject_reason, s.finish_time = Status.REJECTED, reason, now
             return
@@ -166,16 +158,8 @@ class VLLMReplay(WallClockReplay):
             s = by_id[out.request_id]
             ids = out.outputs[0].token_ids if out.outputs else []
             self.output_ids.setdefault(s.req.id, []).extend(ids)
-            new = len(ids)
-            for _ in range(new):
-                s.num_generated += 1
-                if s.first_token_time < 0:
-                    s.first_token_time = end
-                else:
-                    rec.itl.append(end - s.last_token_time)
-                s.last_token_time = end
-                if s.token_times is not None:
-                    s.token_times.append(end)
+            for _ in ids:
+                record_token(s, end, rec.itl)
             if out.finished:
                 s.status, s.finish_time = Status.FINISHED, end
                 del self.live[s.req.id]
