@@ -348,9 +348,38 @@ class KVPreview:
         self._taken: set[int] = set()  # queued blocks this plan's allocations take (and evict)
         self._touched: set[int] = set()  # queued cached blocks this plan's hits take off the queue
         self._new: set = set()  # keys this plan's items register
+        # the plan's items so far, played into the sets above only when a request that may hit
+        # asks (`match`): a trace with no shared prefix and no re-admission never pays for them
+        self._pending: list[tuple] = []
 
     def take(self, n: int) -> None:
         """`n` blocks allocated from the free queue's head (evicting what they held)."""
+        self._pending.append((None, n, None))
+
+    def admit(self, state: RequestState, hit: int, revive: list[int], num_tokens: int) -> None:
+        """A waiting request takes its hit (`match`) and `num_tokens` new tokens' blocks."""
+        self._pending.append((state, num_tokens, (hit, revive)))
+
+    def schedule(self, state: RequestState, num_tokens: int) -> None:
+        """A running request is given `num_tokens` more."""
+        self._pending.append((state, num_tokens, None))
+
+    def _catch_up(self) -> None:
+        kv, bs = self.kv, self.kv.block_size
+        for state, n, admitted in self._pending:
+            if state is None:
+                self._take(n)
+            elif admitted is None:
+                self._take(kv.blocks_needed(state, n))
+                self._register(state, state.num_cached_blocks, state.num_computed + n)
+            else:
+                hit, revive = admitted
+                self._touched.update(revive)
+                self._take(kv.blocks_for(hit * bs + n) - hit)
+                self._register(state, hit, hit * bs + n)
+        self._pending.clear()
+
+    def _take(self, n: int) -> None:
         taken, touched = self._taken, self._touched
         for _ in range(n):
             for b in self._head:
@@ -369,6 +398,8 @@ class KVPreview:
         kv = self.kv
         if not kv.may_hit(state):
             return 0, []
+        if self._pending:
+            self._catch_up()
         cap = (state.known_len - 1) // kv.block_size
         keys = kv.prefix_keys(state)
         queue, taken, touched, new = kv._queue, self._taken, self._touched, self._new
@@ -382,14 +413,3 @@ class KVPreview:
                 revive.append(block)
             n += 1
         return n, revive
-
-    def admit(self, state: RequestState, hit: int, revive: list[int], num_tokens: int) -> None:
-        """A waiting request takes its hit (`match`) and `num_tokens` new tokens' blocks."""
-        self._touched.update(revive)
-        self.take(self.kv.blocks_for(hit * self.kv.block_size + num_tokens) - hit)
-        self._register(state, hit, hit * self.kv.block_size + num_tokens)
-
-    def schedule(self, state: RequestState, num_tokens: int) -> None:
-        """A running request is given `num_tokens` more."""
-        self.take(self.kv.blocks_needed(state, num_tokens))
-        self._register(state, state.num_cached_blocks, state.num_computed + num_tokens)
