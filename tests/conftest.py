@@ -33,8 +33,8 @@ def make_requests(specs, block_tokens: int = 512) -> list[Request]:
 
 
 def make_loop(policy, num_blocks=64, block_size=4, budget=64, max_seqs=8, max_len=10_000, host_blocks=0,
-              prefix=True, cost=None) -> StepLoop:
-    kv = BlockManager(num_blocks, block_size, prefix, host_blocks)
+              prefix=True, cost=None, cache_decode_tokens="scheduled") -> StepLoop:
+    kv = BlockManager(num_blocks, block_size, prefix, host_blocks, cache_decode_tokens)
     return StepLoop(policy, kv, SchedulerLimits(budget, max_seqs, max_len), cost or FixedCost())
 
 

@@ -338,6 +338,7 @@ LOADED = [(0.002 * i if i < 30 else 1.5 + 0.002 * i, 6 + 7 * i % 40, 2 + 11 * i 
     ("sjf", dict(starvation_s=0.2)), ("srpt", dict(starvation_s=0.2)), ("ltr", dict(starvation_threshold=6)),
     ("ltr", dict(preemptive=True, starvation_threshold=6, priority_quantum=2)),
     ("edf", dict(ttft_ms=100, tpot_ms=20)), ("least_slack", dict(ttft_ms=100, tpot_ms=20)),
+    ("sglang", dict(ignore_eos=False, init_new_token_ratio=0.1)),  # steady also while the batch is full and requests wait
 ])
 def test_fast_forward_is_exact(policy, knobs):
     # is_steady lets the simulator merge steady decode steps: every request's times must

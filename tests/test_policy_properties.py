@@ -64,7 +64,7 @@ def test_every_policy_keeps_the_invariants(name, specs, num_blocks, block_size, 
             for i, (t, (_, p, o, tenant, prio)) in enumerate(zip(arrivals, specs))]
     cost = FixedCost(0.01, 0.0005)
     limits = SchedulerLimits(budget, max_seqs, 10_000)
-    sim = Simulation(reqs, lambda: CheckedLoop(make_policy(name), BlockManager(num_blocks, block_size, True, host),
+    sim = Simulation(reqs, lambda: CheckedLoop(make_policy(name), BlockManager(num_blocks, block_size, True, host, "finished" if name == "sglang" else "scheduled"),
                                                limits, cost), cost)
     out = sim.run()
     loop = out.loops[0]

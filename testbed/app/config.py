@@ -69,6 +69,10 @@ class KVConfig:
     activation_reserve_gb: float = bounded(1.0, ge=0)  # left for activations (the engine's CUDA graphs reserve their own)
     num_blocks: Optional[int] = bounded(None, ge=1)  # set to override the capacity derived from memory
     enable_prefix_caching: bool = True
+    # when a request's decode tokens enter the prefix cache: "scheduled" (vLLM: every full block,
+    # when scheduled) or "finished" (SGLang's radix cache: prefilled tokens after their chunk, decode
+    # tokens when the request finishes; a retracted request's decode tokens are freed uncached)
+    cache_decode_tokens: str = "scheduled"
     swap_space_gb: float = bounded(0.0, ge=0)  # host memory for swap preemption
     # backend=engine on a CPU, kv.num_blocks null: the most host memory the KV cache takes (as vLLM's
     # VLLM_CPU_KVCACHE_SPACE); null: what kv.memory_utilization leaves. Never more than max_num_seqs can fill.

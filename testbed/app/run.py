@@ -157,7 +157,7 @@ class Setup:
 
     def make_loop(self, cfg: DictConfig, device_blocks: int | None = None) -> StepLoop:
         kv = BlockManager(device_blocks or self.device_blocks, cfg.kv.block_size, cfg.kv.enable_prefix_caching,
-                          self.host_blocks)
+                          self.host_blocks, cfg.kv.cache_decode_tokens)
         return StepLoop(make_policy(cfg.policy.name, **self.knobs), kv, self.limits, self.cost,
                         record_token_times=cfg.output.record_token_times)
 

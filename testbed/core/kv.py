@@ -16,6 +16,7 @@ from typing import Iterable
 from testbed.core.request import Request, RequestState
 
 
+CACHE_DECODE_TOKENS = ("scheduled", "finished")
 PRIVATE = 1 << 62  # num_cached_blocks of a request whose blocks must never be registered
 
 
@@ -69,13 +70,20 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 num_host_blocks: int = 0):
+                 num_host_blocks: int = 0, cache_decode_tokens: str = "scheduled"):
         if num_blocks < 1:
             raise ValueError(f"num_blocks={num_blocks}: must be >= 1")
         if block_size < 1:
             raise ValueError(f"block_size={block_size}: must be >= 1")
         if num_host_blocks < 0:
             raise ValueError(f"num_host_blocks={num_host_blocks}: must be >= 0")
+        if cache_decode_tokens not in CACHE_DECODE_TOKENS:
+            raise ValueError(f"kv.cache_decode_tokens={cache_decode_tokens!r}: expected one of {CACHE_DECODE_TOKENS}")
+        # "finished": SGLang's radix cache keeps a request's prefilled tokens once computed
+        # (`cache_unfinished_req`) and its decoded ones only when it finishes (`cache_finished_req`);
+        # a retracted request's decode tokens are freed uncached (`release_kv_cache`,
+        # sglang 0.5.23 mem_cache/common.py L400-439, called by schedule_batch.py `release_req` L2389)
+        self.cache_decode = cache_decode_tokens == "scheduled"
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -259,6 +267,9 @@ class BlockManager:
         ref, queue, key_of, own_rid = self._ref, self._queue, self._key_of, self._own_rid
         blocks = state.blocks
         k = state.num_cached_blocks
+        if finished and not self.cache_decode and self.enable_prefix_caching and k < PRIVATE:
+            # SGLang inserts the whole finished sequence into its tree: its full blocks queue as cached
+            k = max(k, min(len(blocks), state.num_computed // self.block_size))
         if not state.req.prefix_hashes and k < PRIVATE:
             # the common case, at C speed: nobody else holds its blocks, the first k are cached
             for b in blocks:
@@ -267,10 +278,12 @@ class BlockManager:
             first = blocks[k:][::-1]
         else:
             first = []
-            for b in reversed(blocks):
+            as_cached = k if k < PRIVATE else 0  # registered, or (SGLang, finished) full
+            for i in range(len(blocks) - 1, -1, -1):
+                b = blocks[i]
                 ref[b] -= 1
                 if ref[b] == 0:
-                    if own_rid[b] >= 0 or b in key_of:
+                    if i < as_cached or own_rid[b] >= 0 or b in key_of:
                         queue[b] = None
                     else:
                         first.append(b)

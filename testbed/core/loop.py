@@ -193,7 +193,7 @@ class StepLoop:
                 admitted += 1
             if s.num_computed + n > len(s.blocks) * bs:
                 self._guard_kv(kv.allocate, s, n)
-            if (s.num_computed + n) // bs > s.num_cached_blocks:
+            if (s.num_computed + n) // bs > s.num_cached_blocks and (kv.cache_decode or s.is_prefill):
                 kv.register(s, s.num_computed + n)  # cached when scheduled, as vLLM's allocate_slots does
         if admitted:
             self._drop_admitted_from_waiting(admitted)
@@ -242,7 +242,8 @@ class StepLoop:
             return False
         for s, _ in items:
             kv.allocate(s, k)
-            kv.register(s, s.num_computed + k)
+            if kv.cache_decode:
+                kv.register(s, s.num_computed + k)
         batch.ends = ends
         self.series.steps[-1] = k
         return True

@@ -1,47 +1,68 @@
-"""SGLang's scheduler: prefill first, KV reserved by a decaying new-token ratio, retraction.
+"""SGLang's scheduler, rule for rule as SGLang 0.5.23 ships it (radix cache, page size 1).
 
-Source: SGLang `python/sglang/srt/managers/scheduler.py` (get_next_batch_to_run,
-get_new_batch_prefill, update_running_batch), `schedule_policy.py` (SchedulePolicy,
-PrefillAdder), `schedule_batch.py` (retract_decode), v0.4 onwards.
-Rule, per step (`max_new` is the trace's output length, SGLang's max_new_tokens):
-1. Prefill first. The request whose prompt is being chunked continues first (its next
-   chunk, if its KV blocks fit). Then waiting requests, in the order of `schedule_policy`,
-   join the prefill batch while the chunk budget (`chunked_prefill_size`, capped by the
-   step's token budget), the sequence cap and the KV allow. KV admission (PrefillAdder):
-   the free KV in tokens, less `min(max_new - generated, clip_max_new_tokens) *
-   new_token_ratio` for every running (decoding) request, must exceed the candidate's
-   uncached prompt plus `min(max_new - generated, clip_max_new_tokens)` (its own output
-   at full weight, as `add_one_req`); an admitted request takes both off the remainder,
-   a chunked one only its chunk (its output is reserved with its last chunk). The first
-   candidate that does not fit stops admission. At most one request is chunked at a time:
-   once one is truncated, nothing else joins. If the prefill batch is not empty, the step
-   is that batch alone (running requests do not decode in it).
-2. Otherwise a decode step of every running request. If their next tokens' KV does not
-   fit, retract (preempt by recompute) running requests with the fewest output tokens
-   (ties: the longer prompt first, as retract_decode's sort) until the rest fit; the last
-   decoding request is never retracted. After a decode step without retraction the ratio
-   decays by `new_token_ratio_decay`, down to `min_new_token_ratio`; when nothing runs
-   (the scheduler idles) it is reset to `init_new_token_ratio`.
-   Retraction and the ratio, `retract_decode_steps` = 0 (default): retract until the
-   remaining requests' next token fits, and reset the ratio to its initial value.
-   `retract_decode_steps` = N > 0 is SGLang's exact rule (N = 20 there): retract until
-   the remaining requests can each grow N tokens, and set the ratio to
-   `min(1, (tokens generated + N * requests) / (sum of their max_new + 1))`.
-Orders (`schedule_policy`): `fcfs`; `lpm`, longest cached prefix first (stable, FCFS
-among equals; as SGLang, only while the queue holds at most 128 requests, else fcfs);
-`dfs_weight`; `lof`, longest max_new first.
-`dfs_weight`, an approximation: SGLang walks the radix tree depth first, visiting
-children in descending weight (the number of waiting requests below a node) and placing
-each node's own requests after its children. We build that tree from the trace's prefix
-ids instead of the radix cache: requests are grouped by their first prefix id, each group
-by its second id, and so on; larger groups come first, ties in arrival order, and a
-request whose ids end at a node follows that node's subgroups. A request without prefix
-ids is a group of one. SGLang places a request at its *cached* match, so requests that
-share a not-yet-cached prefix are not grouped there; here they are, since the first of
-them to run caches the prefix for the rest.
-Choices: SGLang's in-batch prefix-caching deprioritization (lpm), `max_prefill_tokens`
-and page rounding are not modelled; a request stalled mid-prefill holds no output and so
-is the first retraction victim (in SGLang a chunked request is not in the decode batch).
+Source: the sglang 0.5.23 wheel (PyPI), `python/sglang/srt/` as installed: `managers/scheduler.py`
+(S), `managers/schedule_policy.py` (P), `managers/schedule_batch.py` (B),
+`mem_cache/prefill_budget.py` (M), `managers/scheduler_components/new_token_ratio_tracker.py`
+(R), `environ.py` (E). Line numbers are that release's.
+
+Per step (`get_next_batch_to_run`, S L3894-4050): a prefill batch if one can be formed, else a
+decode step of the running batch (prefill and decode never mix: `enable_mixed_chunk` is off by
+default).
+
+Prefill (`_get_new_batch_prefill_raw`, S L4079-4330):
+- The waiting queue is a list SGLang keeps: arrivals are appended, a retracted request is
+  appended at the back (`_add_request_to_queue`, S L3480-3495), and the cache-aware orders sort
+  that list in place, so an order persists into the next step (ties keep the previous order).
+- Nothing is admitted while the batch is marked full (`batch_is_full`, S L4100): it is set when
+  an admission finds no KV (`AddReqResult.NO_TOKEN`, S L4266-4270) or the running-request cap
+  is reached (S L4115-4118, L4224-4232), and cleared only when a request leaves the running
+  batch (finishes or is retracted: S L3962-3964, L4544) or the batch empties (S L4093). A
+  request being chunked continues regardless.
+- Orders (`SchedulePolicy.calc_priority`, P L213-280): `fcfs` (queue order); `lpm`: longest
+  cached prefix first, and a request whose cached prefix is at most 32 tokens but which shares
+  at least 32 tokens with a request earlier in the queue goes last, so one request caches a
+  shared prefix before the rest reuse it (in-batch prefix caching, P L346-396, thresholds
+  P L115-126); above 128 waiting requests, fcfs (P L304-315); `dfs_weight`: depth first over
+  the radix tree, each request at its cached-prefix node, heavier subtrees first, a node's own
+  requests after its children (`_dfs_weight_order`, base_prefix_cache.py L347-387); `lof`:
+  longest max_new_tokens first (P L504-519).
+- `PrefillAdder` (P L607-1710, M L62-170), in tokens: the budget is the free KV plus the
+  evictable cache, less every running request's `min(max_new - generated, 4096) * ratio`
+  (`_get_running_request_total_token_offset`, P L785-795; the ratio is 1 for a request sent with
+  `ignore_eos`), less what this batch already reserved. The chunked request continues first
+  (`add_chunked_req`, P L1140-1222) with `min(chunk budget, budget left)` tokens. A waiting
+  request is admitted only if `uncached prompt + min(max_new - generated, 4096) + page_size` is
+  strictly below the budget left with its cached prefix pinned (`add_one_req` P L1395-1412,
+  `check_prefill` M L114-128, the pin P L1419); admitted, it reserves its page-rounded extend,
+  one page and `min(max_new, 4096)` (`reserve` M L156-168, `_commit_prefill_admission`
+  P L1685-1705). A prompt above the chunk budget is cut to it, page-aligned, and reserves no
+  output yet (P L1640-1668); it becomes the one chunked request. The first refusal ends the
+  step's admissions; so does a spent chunk or input budget (`budget_state`, P L874-893).
+- The running-request cap is SGLang's own (`resolve_max_num_reqs`,
+  mem_cache/kv_cache_configurator.py L3119-3132): KV tokens / context length * 512, clipped to
+  [2048, 4096], at most half the KV tokens.
+
+Decode (`update_running_batch`, S L4459-4549): if the running requests' next tokens do not fit
+(`check_decode_mem`, B L3432-3449, after evicting the cache), retract (`retract_decode`,
+B L3451-3530): sort by (outputs generated, -prompt length) descending (stable), then take from
+the back (fewest outputs, then the longest prompt, then the latest joined) at least one request
+and more until the rest's next tokens fit, never the last one; the ratio becomes
+`min(1, (tokens generated + 20 * requests) / (their max_new sum + 1))` over those kept (R L36-44,
+`SGLANG_RETRACT_DECODE_STEPS` = 20, E L649). Without retraction the ratio decays by
+`(init - min) / 600` per decode step down to `min = init * 0.14` (R L21-34, E L646-648); it is
+reset to `init` (0.7 x `schedule_conservativeness`) when the scheduler idles (S L5318).
+
+KV (`kv.cache_decode_tokens=finished`, set by this preset): prompt tokens enter the cache once
+computed, decode tokens when the request finishes; a retracted request's decode tokens are
+freed uncached, its prompt stays cached (`release_req`, B L2360-2395).
+
+Not modelled: mixed chunked prefill, priority scheduling and priority preemption, the
+`hrrn`/`random`/`routing-key`/`shortest-prefill-first` orders, the eviction of 20 tokens per
+kept request that a retraction triggers at once (B L2391-2392), LRU by access time (the
+cache evicts in vLLM's free-queue order: a finished request's path is re-stamped when
+`cache_finished_req` inserts it, so the two agree except on what a retraction releases), the
+freeing of a request's duplicate KV when a same-step neighbour inserted the same prefix
+first, and an out-of-memory chunk continuation (SGLang would fail; here the step decodes).
 """
 from __future__ import annotations
 
@@ -52,63 +73,112 @@ from testbed.core.plan import Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
 
 ORDERS = ("fcfs", "lpm", "dfs_weight", "lof")
-LPM_QUEUE_LIMIT = 128  # SGLang falls back to fcfs above this many waiting requests
+PREFIX_MATCH_QUEUE_MAX = 128  # WAITING_QUEUE_PREFIX_MATCH_MAX, P L136: lpm turns fcfs above it
+IN_BATCH_CHECK_THRESHOLD = 32  # IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD, P L115-118
+IN_BATCH_DEPRIORITIZE_THRESHOLD = 32  # IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD, P L122-126
+NO_TOKEN, OTHER, CONTINUE = "no_token", "other", "continue"  # AddReqResult, P L571-575
 
 
 @dataclass
 class SGLangKnobs(PolicyKnobs):
     name: str = "sglang"
-    schedule_policy: str = "fcfs"
-    chunked_prefill_size: int = bounded(8192, ge=1)
-    init_new_token_ratio: float = bounded(0.7, ge=0, le=1)
-    min_new_token_ratio: float = bounded(0.1, ge=0, le=1)
-    new_token_ratio_decay: float = bounded(0.001, ge=0)  # (0.7 - 0.1) / 600 decode steps
-    clip_max_new_tokens: int = bounded(4096, ge=1)
-    retract_decode_steps: int = bounded(0, ge=0)  # 0: retract until the next token fits, ratio back to init; N: SGLang's rule
+    schedule_policy: str = "fcfs"  # --schedule-policy (arg_groups/fields/schedule.py L81-99)
+    chunked_prefill_size: int = bounded(8192, ge=0)  # 0: no chunking (SGLang's -1); 8192 on an 80 GB GPU (arg_groups/memory_hook.py L131-140)
+    schedule_conservativeness: float = bounded(1.0, gt=0)
+    init_new_token_ratio: float = bounded(0.7, ge=0, le=1)  # SGLANG_INIT_NEW_TOKEN_RATIO
+    min_new_token_ratio_factor: float = bounded(0.14, ge=0, le=1)  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+    new_token_ratio_decay_steps: int = bounded(600, ge=1)  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+    retract_decode_steps: int = bounded(20, ge=0)  # SGLANG_RETRACT_DECODE_STEPS
+    clip_max_new_tokens: int = bounded(4096, ge=1)  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+    max_running_requests: int = bounded(0, ge=0)  # 0: SGLang's rule from the KV size and context length
+    # requests as a trace replay sends them (sglang.benchmark.serving sets ignore_eos, serving.py
+    # L628): each stops at its trace length and the scheduler knows it (ratio 1 for it, P L787)
+    ignore_eos: bool = True
+    max_new_tokens: int = bounded(0, ge=0)  # >0: every request's max_new_tokens (at least its trace output)
 
     def __post_init__(self):
         super().__post_init__()
         if self.schedule_policy not in ORDERS:
             raise ValueError(f"policy.schedule_policy={self.schedule_policy!r}: expected one of {ORDERS}")
-        if self.min_new_token_ratio > self.init_new_token_ratio:
-            raise ValueError(f"policy.min_new_token_ratio={self.min_new_token_ratio}: must be <= "
-                             f"policy.init_new_token_ratio={self.init_new_token_ratio}")
-        if self.retract_decode_steps < 0:
-            raise ValueError(f"policy.retract_decode_steps={self.retract_decode_steps}: must be >= 0")
 
 
-def dfs_weight_order(waiting) -> list:
-    """SGLang's dfs_weight order over a tree built from the requests' prefix ids."""
+def _chain(ids) -> list:
+    """Keys naming each prefix of a prefix-id list (key i: the first i + 1 ids)."""
+    keys, key = [], 0
+    for x in ids:
+        key = hash((key, x))
+        keys.append(key)
+    return keys
+
+
+def _covered(s) -> int:
+    """Tokens of the request's prompt that its trace prefix ids name."""
+    return min(s.req.prompt_len, len(s.req.prefix_hashes) * s.req.prefix_block_tokens)
+
+
+def in_batch_deprioritized(queue, hit_of) -> set:
+    """Ids of the waiting requests SGLang's lpm sends to the back: a small cached prefix, but at
+    least 32 tokens shared with a request before it in the queue (P L346-396: each such request
+    is matched against a scratch tree of the ones inserted before it, and inserted if not)."""
+    inserted: dict = {}  # key of an id-prefix -> the most tokens an inserted request covers with it
+    out = set()
+    for s in queue:
+        if hit_of[s.id] > IN_BATCH_CHECK_THRESHOLD:
+            continue
+        ids = s.req.prefix_hashes
+        if not ids:
+            continue  # shares no tokens with anyone
+        p, cov = s.req.prefix_block_tokens, _covered(s)
+        keys = _chain(ids)
+        shared = 0
+        for i, key in enumerate(keys):
+            other = inserted.get(key)
+            if other is None:
+                break
+            shared = min((i + 1) * p, cov, other)
+        if shared >= IN_BATCH_DEPRIORITIZE_THRESHOLD:
+            out.add(s.id)
+        else:
+            for key in keys:
+                if inserted.get(key, -1) < cov:
+                    inserted[key] = cov
+    return out
+
+
+def dfs_weight_order(queue, hit_of) -> list:
+    """SGLang's dfs_weight order: each request placed at the radix node where its cached prefix
+    ends, nodes visited depth first with heavier subtrees (more waiting requests below) first,
+    ties in the order the subtrees first appear in the queue, a node's own requests after its
+    children (base_prefix_cache.py L347-387). The tree is the requests' cached prefixes spelled
+    in trace prefix ids: a prefix ending inside a trace block is a child of the whole blocks
+    before it; a hit past the trace ids (a request re-hitting its own tokens) is a leaf of its own."""
+    root: dict = {"kids": {}, "here": [], "w": 0}
+    for s in queue:
+        h = hit_of[s.id]
+        node = root
+        node["w"] += 1
+        if h:
+            ids, p = s.req.prefix_hashes, s.req.prefix_block_tokens
+            cov = _covered(s)
+            steps = list(ids[:min(h, cov) // p])
+            if min(h, cov) % p:
+                steps.append((ids[min(h, cov) // p], min(h, cov) % p))
+            if h > cov:
+                steps.append(("own", s.id))
+            for step in steps:
+                node = node["kids"].setdefault(step, {"kids": {}, "here": [], "w": 0})
+                node["w"] += 1
+        node["here"].append(s)
     out: list = []
-
-    def visit(group: list, depth: int) -> None:
-        while True:
-            here, children = [], {}
-            for s in group:
-                ids = s.req.prefix_hashes
-                if len(ids) > depth:
-                    children.setdefault(ids[depth], []).append(s)
-                elif depth == 0:
-                    children[("solo", s.req.id)] = [s]  # no prefix ids: a group of its own
-                else:
-                    here.append(s)
-            if len(children) == 1 and not here:  # one shared id: go deeper without recursing
-                group = next(iter(children.values()))
-                if len(group) == 1:
-                    out.append(group[0])
-                    return
-                depth += 1
-                continue
-            for child in sorted(children.values(), key=len, reverse=True):  # stable: earlier group first
-                if len(child) == 1:
-                    out.append(child[0])
-                else:
-                    visit(child, depth + 1)
-            out.extend(here)
-            return
-
-    if waiting:
-        visit(list(waiting), 0)
+    stack = [(root, False)]
+    while stack:
+        node, visited = stack.pop()
+        if visited:
+            out.extend(node["here"])
+            continue
+        stack.append((node, True))
+        kids = sorted(node["kids"].values(), key=lambda k: -k["w"])  # stable: first seen first
+        stack.extend((k, False) for k in reversed(kids))
     return out
 
 
@@ -119,122 +189,207 @@ class SGLangPolicy(BasePolicy):
 
     def __init__(self, knobs=None):
         super().__init__(knobs)
-        self.ratio = self.knobs.init_new_token_ratio
+        k = self.knobs
+        self.init_ratio = min(k.init_new_token_ratio * k.schedule_conservativeness, 1.0)  # R L21-26
+        self.min_ratio = min(self.init_ratio * k.min_new_token_ratio_factor, 1.0)
+        self.decay = (self.init_ratio - self.min_ratio) / k.new_token_ratio_decay_steps
+        self.ratio = self.init_ratio
         self._decode_mark: int | None = None  # steps_done when the last unretracted decode plan was made
+        self._queue: dict = {}  # SGLang's waiting queue, in its order: request id -> state
+        self._full: set | None = None  # batch_is_full: the ids whose leaving clears it, or None
 
+    # --- bookkeeping --------------------------------------------------------------------------
     def is_steady(self, view) -> bool:
-        """No waiting request: decode steps of every running request repeat until something
-        arrives or finishes (the ratio's decay is caught up from `view.steps_done`, so a
-        fast-forwarded run decays it exactly as step-by-step planning would)."""
-        return not view.waiting
+        """Decode steps repeat until something arrives or finishes when nothing waits, or when
+        the batch is full (no admission until a request leaves); the ratio's decay is caught up
+        from `view.steps_done`."""
+        return not view.waiting or self._full is not None
 
     def _catch_up(self, view) -> None:
         """Decay the ratio once per decode step completed since the last decode plan."""
         if self._decode_mark is not None:
-            k = self.knobs
             steps = view.steps_done - self._decode_mark
-            self.ratio = max(k.min_new_token_ratio, self.ratio - k.new_token_ratio_decay * steps)
+            self.ratio = max(self.min_ratio, self.ratio - self.decay * steps)
             self._decode_mark = None
 
-    def _order(self, view) -> list:
+    def _sync_queue(self, view) -> None:
+        """Drop admitted requests; append new arrivals (retracted ones were appended when retracted)."""
         waiting = view.waiting
-        policy = self.knobs.schedule_policy
-        if policy == "lpm" and len(waiting) <= LPM_QUEUE_LIMIT:
-            return sorted(waiting, key=lambda s: -view.prefix_hit_tokens(s))
-        if policy == "dfs_weight":
-            return dfs_weight_order(waiting)
-        if policy == "lof":
-            return sorted(waiting, key=lambda s: -s.req.output_len)
-        return waiting
+        q = self._queue
+        if len(q) != len(waiting) or any(s.id not in q for s in waiting):
+            ids = {s.id for s in waiting}
+            self._queue = q = {i: s for i, s in q.items() if i in ids}
+            for s in waiting:
+                if s.id not in q:
+                    q[s.id] = s
 
     def _max_new(self, s) -> int:
-        return min(s.req.output_len - s.num_generated, self.knobs.clip_max_new_tokens)
+        """The request's max_new_tokens, clipped as SGLang clips it on arrival so that admission
+        can pass: at most max_req_len - prompt - 1, max_req_len = min(context, KV tokens) - 1
+        (S L2710-2717, tp_worker.py L568-571), and at most KV tokens - paged prompt - page - 1
+        (`max_new_tokens_for_memory`, mem_cache/allocator/base.py L88-105). (SGLang would then
+        stop the request early; here it still generates its trace length.)"""
+        p, bs = s.req.prompt_len, self._page
+        limit = min(min(self._context, self._kv_tokens) - 1 - p - 1, self._kv_tokens - -(-p // bs) * bs - bs - 1)
+        return max(0, min(max(self.knobs.max_new_tokens, s.req.output_len), limit))
 
+    def _max_running(self, view) -> int:
+        if self.knobs.max_running_requests:
+            return min(self.knobs.max_running_requests, view.max_num_seqs)
+        tokens = view.num_blocks * view.block_size
+        estimate = max(min(int(tokens / view.max_model_len * 512), 4096), 2048)
+        return max(1, min(estimate, tokens // 2, view.max_num_seqs))
+
+    def _order(self, view) -> list:
+        """calc_priority: sort SGLang's queue in place (the order persists)."""
+        queue = list(self._queue.values())
+        policy = self.knobs.schedule_policy
+        if policy == "lof":
+            queue.sort(key=lambda s: -self._max_new(s))
+        elif policy == "dfs_weight" or (policy == "lpm" and len(queue) <= PREFIX_MATCH_QUEUE_MAX):
+            hit_of = {s.id: view.prefix_hit_tokens(s) for s in queue}
+            if policy == "lpm":
+                back = in_batch_deprioritized(queue, hit_of)
+                queue.sort(key=lambda s: float("inf") if s.id in back else -hit_of[s.id])
+            else:
+                queue = dfs_weight_order(queue, hit_of)
+        else:
+            return queue
+        self._queue = {s.id: s for s in queue}
+        return queue
+
+    # --- the step -----------------------------------------------------------------------------
     def schedule(self, view) -> Plan:
+        self._context, self._kv_tokens, self._page = view.max_model_len, view.num_blocks * view.block_size, view.block_size
         self._catch_up(view)
-        plan = self._prefill(view)
+        self._sync_queue(view)
+        running = view.running
+        decoding = [s for s in running if not s.is_prefill]
+        chunked = next((s for s in running if s.is_prefill), None)
+        if self._full is not None and (not decoding or not self._full <= {s.id for s in running}):
+            self._full = None  # a request left the batch
+        plan = self._prefill(view, decoding, chunked)
         if plan.items:
             return plan
-        if not view.running:  # idle: SGLang resets the ratio
-            self.ratio = self.knobs.init_new_token_ratio
+        if not running:  # idle: SGLang resets the ratio
+            self.ratio = self.init_ratio
             return plan
-        return self._decode(view, plan)
+        return self._decode(view, plan, decoding)
 
-    def _prefill(self, view) -> Plan:
-        k = self.knobs
-        plan = Plan()
-        chunk_budget = min(k.chunked_prefill_size, view.token_budget)
-        free_blocks = view.free_blocks
-        # PrefillAdder's rem_total_tokens: free KV less the running requests' expected outputs
-        rem_total = free_blocks * view.block_size - sum(
-            self._max_new(s) * self.ratio for s in view.running if not s.is_prefill)
-        chunking = False
-        for s in view.running:  # the chunked request continues first
-            if not s.is_prefill:
-                continue
-            chunking = True  # whatever happens to it, no second request is chunked
-            n = min(s.remaining, chunk_budget)
-            need = view.blocks_needed(s, n)
-            if n <= 0 or need > free_blocks:
-                return plan  # its next chunk waits for KV: no new work joins, decode instead
-            plan.schedule(s, n)
-            chunk_budget -= n
-            free_blocks -= need
-            if n < s.remaining:
-                return plan  # still truncated: the chunk budget is spent on it
-            rem_total -= n + self._max_new(s)
-            chunking = False
-        if chunking or not view.waiting:
+    def _prefill(self, view, decoding, chunked) -> Plan:
+        k, plan = self.knobs, Plan()
+        if (self._full is not None or not self._queue) and chunked is None:
             return plan
-        seqs = len(view.running)
-        for s in self._order(view):
-            if chunk_budget <= 0 or seqs >= view.max_num_seqs:
+        allocatable = self._max_running(view) - len(decoding)
+        if allocatable <= 0 and chunked is None:
+            self._mark_full(view, plan)
+            return plan
+        queue = self._order(view)
+        bs = view.block_size
+        page = lambda n: -(-n // bs) * bs  # noqa: E731 (ceil_paged_tokens)
+        ratio_of = (lambda s: 1.0) if k.ignore_eos else (lambda s: self.ratio)
+        rem_total = view.free_blocks * bs - sum(
+            min(self._max_new(s) - s.num_generated, k.clip_max_new_tokens) * ratio_of(s) for s in decoding)
+        rem_input = view.token_budget
+        rem_chunk = min(k.chunked_prefill_size, view.token_budget) if k.chunked_prefill_size else None
+        free = view.free_blocks  # what the loop can allocate (SGLang's budget guarantees it)
+
+        if chunked is not None:  # add_chunked_req, P L1140-1222
+            chunk = rem_chunk if rem_chunk is not None else view.token_budget
+            avail = min(chunk, int(rem_total))
+            limit = avail if avail > 0 else chunk
+            n = min(chunked.remaining, limit, rem_input)
+            while n > 0 and view.blocks_needed(chunked, n) > free:
+                n = min(n - 1, (len(chunked.blocks) + free) * bs - chunked.num_computed)
+            if n <= 0:
+                return plan  # no KV for its next chunk: decode (SGLang would run out of memory)
+            truncated = n < chunked.remaining
+            plan.schedule(chunked, n)
+            free -= view.blocks_needed(chunked, n)
+            rem_total -= page(n) + bs + (0 if truncated else min(self._max_new(chunked), k.clip_max_new_tokens))
+            rem_input -= page(n)
+            if rem_chunk is not None:
+                rem_chunk -= page(n)
+            if truncated:
+                return plan  # the chunk budget (or the KV) is spent on it
+
+        preview = view.kv_preview()
+        pinned: set = set()  # cached blocks this batch's admissions pinned (tree_cache.lock)
+        for s in queue:
+            if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+                break  # budget_state OTHER
+            if len(plan.items) >= allocatable:
+                self._mark_full(view, plan)
                 break
-            want = view.num_new_tokens(s)
-            total = want + self._max_new(s)
-            if total > rem_total:
-                break  # NO_TOKEN
-            n = min(want, chunk_budget)
-            need = view.blocks_needed(s, n)
-            if need > free_blocks:
+            if self._full is not None:
                 break
+            hit, revive = preview.match(s)
+            hit *= bs
+            revived = [b for b in revive if b not in pinned]
+            extend = s.known_len - hit
+            max_new = min(max(self._max_new(s) - s.num_generated, 0), k.clip_max_new_tokens)
+            if not extend + max_new + bs < rem_total - len(revived) * bs:  # check_prefill, M L114-128
+                if plan.items or decoding:  # NO_TOKEN marks the batch full, S L4266-4270
+                    self._mark_full(view, plan)
+                    break
+                if chunked is not None or not self._fits_alone(view, s):
+                    break
+                # alone and still refused: SGLang aborts a prompt this close to its KV size
+                # (max_req_input_len = max_req_len - 5, tp_worker.py L572); the loop serves
+                # every request that fits, so it runs here alone
+            if rem_chunk is None and plan.items and page(extend) >= rem_input:
+                break  # OTHER: without chunking only the first request may pass the input cap
+            n, reserve_out = extend, min(self._max_new(s), k.clip_max_new_tokens)
+            limit = rem_chunk if rem_chunk is not None else rem_input
+            if page(extend) > limit:  # chunk it, page-aligned (P L1640-1668)
+                n = (hit + limit // bs * bs) // bs * bs - hit
+                if n <= 0:
+                    break
+                reserve_out = 0
             plan.schedule(s, n)
-            seqs += 1
-            chunk_budget -= n
-            free_blocks -= need
-            if n < want:  # chunked: its output is reserved with its last chunk
+            pinned.update(revived)
+            free -= view.blocks_needed(s, n)
+            rem_total -= page(n) + bs + reserve_out + len(revived) * bs
+            rem_input -= page(n)
+            if rem_chunk is not None:
+                rem_chunk -= page(n)
+            if n < extend:
+                break  # the new chunked request: the chunk budget is spent
+            if rem_total <= 0:  # budget_state NO_TOKEN after a commit
+                self._mark_full(view, plan)
                 break
-            rem_total -= total
         return plan
 
-    def _decode(self, view, plan: Plan) -> Plan:
-        k = self.knobs
-        decoding = [s for s in view.running if not s.is_prefill]
+    @staticmethod
+    def _fits_alone(view, s) -> bool:
+        return s.req.total_len <= view.num_blocks * view.block_size
+
+    def _mark_full(self, view, plan) -> None:
+        self._full = {s.id for s in view.running} | {s.id for s, _ in plan.items}
+
+    def _decode(self, view, plan: Plan, decoding) -> Plan:
         free = view.free_blocks
-        if sum(view.blocks_needed(s, 1) for s in decoding) > free:
-            steps = max(1, k.retract_decode_steps)
-            need = sum(view.blocks_needed(s, steps) for s in decoding)
-            # fewest output tokens first, ties: longer prompt first (retract_decode's sort);
-            # a request stalled mid-prefill has no output yet and goes first
-            for victim in sorted(view.running, key=lambda s: (s.num_generated, -s.req.prompt_len)):
-                if need <= free:
-                    break
-                if len(decoding) == 1 and victim is decoding[0]:
-                    continue  # keep the last decode: alone it always fits (longer requests are rejected)
-                plan.preempt_request(victim)
-                if victim in decoding:
-                    decoding.remove(victim)
-                    need -= view.blocks_needed(victim, steps)
-                free += view.reclaimable_blocks(victim)
-            if k.retract_decode_steps:
-                generated = sum(s.num_generated for s in decoding)
-                max_new = sum(s.req.output_len for s in decoding)
-                self.ratio = min(1.0, (generated + k.retract_decode_steps * len(decoding)) / (max_new + 1))
-            else:
-                self.ratio = k.init_new_token_ratio
-            self._decode_mark = None  # SGLang does not decay the ratio on a retracting step
+        need = sum(view.blocks_needed(s, 1) for s in decoding)
+        if need <= free:
+            self._decode_mark = view.steps_done  # decays once this step is done
         else:
-            self._decode_mark = view.steps_done
+            # retract_decode: most-preferred to keep first; retract from the back, at least one
+            keep = sorted(decoding, key=lambda s: (s.num_generated, -s.req.prompt_len), reverse=True)
+            first = True
+            while (first or need > free) and len(keep) > 1:
+                first = False
+                victim = keep.pop()
+                plan.preempt_request(victim)
+                need -= view.blocks_needed(victim, 1)
+                free += view.reclaimable_blocks(victim)
+                self._queue[victim.id] = victim  # to the back of the waiting queue
+            kept = {s.id for s in keep}
+            decoding = [s for s in decoding if s.id in kept]
+            generated = sum(s.num_generated for s in keep)
+            max_new = sum(self._max_new(s) for s in keep)
+            self.ratio = min(1.0, (generated + self.knobs.retract_decode_steps * len(keep)) / (max_new + 1))
+            self._decode_mark = None  # no decay on a retracting step
+            self._full = None  # the batch shrank
         for s in decoding[:view.token_budget]:
             plan.schedule(s, 1)
         return plan
