@@ -1,7 +1,9 @@
 """`trtllm` schedules what TensorRT-LLM schedules, `orca` what the Orca paper's Algorithm 1 says.
 
-TensorRT-LLM scenarios are ported from its own unit tests (NVIDIA/TensorRT-LLM, as stored at the
-commits named; release v1.2.1 itself was not in the index):
+TensorRT-LLM scenarios are ported from its own unit tests (NVIDIA/TensorRT-LLM as the search index
+stores them; release v1.2.1 itself was not in the index; the policy's docstring names the commits
+of the scheduler sources, CAP = capacityScheduler.cpp, MBS = microBatchScheduler.cpp,
+SBM = scheduledBlocksManager.cpp, cited `file:line`):
 - cpp/tests/unit_tests/batch_manager/capacitySchedulerTest.cpp @ the index's version (91,149
   characters; test names cited). Its `runTest` drives the capacity scheduler alone: every
   request it returns runs, a context request its whole prompt (or the chunk the test set), and
@@ -147,7 +149,7 @@ def test_trt_simple_doesnt_fit_adding_new_requests_max_utilization():
     #   [119,139) {2 (prompt 31, 59 new), 3 (prompt 21, 69 new)}; [139,177) {2} (3 paused);
     #   [178,227) {3 (prompt 41, 49 new)}; EXPECT_EQ(numIterations, 227).
     # Paused, in the order the rule picks them (the last started request from the one that does
-    # not fit to the end of the list, CAP:414-427): 21: 3 then 2; 41: 1; 90: 2; 139: 3.
+    # not fit to the end of the list, CAP:523-535): 21: 3 then 2; 41: 1; 90: 2; 139: 3.
     late = 9.5 * STEP  # after step 9 starts, before step 10
     steps = simulate([(0, 10, 80), (0, 10, 80), (late, 10, 80), (late, 10, 80)], "trtllm",
                      {"mode": "max_utilization"}, num_blocks=10, block_size=10, budget=1000, max_seqs=4)
@@ -196,7 +198,7 @@ def test_trt_context_chunking(lengths, unit, capacity, policy, positions):
 # ---- TensorRT-LLM: rules with no unit test of their own, crafted from the source ----------------
 
 def test_trt_no_chunking_stops_at_the_first_prompt_that_does_not_fit():
-    # MBS:215-225: without chunking (enable_chunked_prefill defaults to False) a context request is
+    # MBS:239-253: without chunking (enable_chunked_prefill defaults to False) a context request is
     # charged its whole prompt and the pass stops at the first that exceeds max_num_tokens: the
     # 4-token prompt behind the second 25-token one waits, though it would fit
     steps = simulate([(0, 25, 3), (0, 25, 3), (0, 4, 3)], "trtllm", num_blocks=100, block_size=4,
@@ -206,7 +208,7 @@ def test_trt_no_chunking_stops_at_the_first_prompt_that_does_not_fit():
 
 
 def test_trt_fcfs_chunking_rounds_a_cut_chunk_down_to_whole_blocks():
-    # MBS:125-150: the chunk of a context that does not fit is the capacity left rounded down to a
+    # MBS:131-158: the chunk of a context that does not fit is the capacity left rounded down to a
     # multiple of the chunk unit (tokens_per_block); what is left over still goes to a later
     # context that fits whole: 40 tokens, 16-token blocks -> 32 for the long prompt, 8 for the short
     steps = simulate([(0, 100, 2), (0, 8, 2)], "trtllm", {"chunked_context": True},
@@ -216,7 +218,7 @@ def test_trt_fcfs_chunking_rounds_a_cut_chunk_down_to_whole_blocks():
 
 
 def test_trt_no_evict_charges_the_whole_request_and_takes_decodes_first():
-    # CAP:281-284 then :332-352: running generations set aside what they still need to finish
+    # CAP:371-384 then 422-445: running generations set aside what they still need to finish
     # (ceil((prompt + max new) / block) - held), whatever the free blocks are now; a new request is
     # charged its whole prompt + output. 12 blocks of 4: req 0 (8 + 24 -> 8 blocks) runs; req 1
     # (8 + 8 -> 4 blocks) fits beside it, req 2 (4 + 4 -> 2 blocks) waits though 8 blocks are free
@@ -232,7 +234,7 @@ def test_trt_no_evict_charges_the_whole_request_and_takes_decodes_first():
 
 
 def test_trt_block_reuse_skips_a_request_whose_next_block_another_is_computing():
-    # CAP:100-125 (`beneficialToSkip`) with block reuse on: req 1 shares req 0's prompt, none of it
+    # CAP:69-122, used at 409-414 (`beneficialToSkip`) with block reuse on: req 1 shares req 0's prompt, none of it
     # cached yet, so it waits a step (skipped, not a stop: req 2, another prompt, still joins) and
     # then finds 3 of its 4 blocks cached (the last token is always computed)
     a, b = (11, 12, 13, 14), (21, 22, 23, 24)
@@ -246,7 +248,7 @@ def test_trt_block_reuse_skips_a_request_whose_next_block_another_is_computing()
 
 
 def test_trt_max_utilization_charges_a_first_chunk_its_whole_prompt():
-    # CAP:436-468 with KVM `getNeededBlocksOneStep`: a context request in its first chunk is charged
+    # CAP:546-578 (SBM:65-86) with KVM `getNeededBlocksOneStep`: a context request in its first chunk is charged
     # the blocks of its whole prompt, not of the chunk. 10 blocks of 4: req 0 (8 + 8) holds 3 at
     # step 1; req 1's 32-token prompt (8 blocks) does not fit in the 7 free, though its first
     # 8-token chunk would: it waits, nothing started after it to pause, until req 0 is done

@@ -1,78 +1,85 @@
 """TensorRT-LLM's batch scheduler: a capacity scheduler, then the micro-batch scheduler.
 
-Source: NVIDIA/TensorRT-LLM. Release v1.2.1 is not in the index this was read from; the files
-read, at the commits the index holds (cited as `file@commit:line`):
+Source: NVIDIA/TensorRT-LLM. Its release v1.2.1 is not in the index this was read from, so
+these are the files at the commits the index holds (the rules cited are alike in every stored
+version seen); `X:n` is a line of X at that commit:
 - CAP = cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp @02a10fed
 - MBS = cpp/tensorrt_llm/batch_manager/microBatchScheduler.cpp @0a949d31
 - SBM = cpp/tensorrt_llm/batch_manager/scheduledBlocksManager.cpp @ca64fd93
-- KVM = cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp (`getRemainingBlocksToCompletion`,
-  `getNeededBlocksOneStep`; the same arithmetic in every stored version)
-- PYS = tensorrt_llm/_torch/pyexecutor/scheduler.py @034fffb0 (`SimpleScheduler`: the PyTorch
-  backend, default in 1.x, runs the C++ schedulers above through bindings,
-  `BindCapacityScheduler` / `BindMicroBatchScheduler`; the Python port `SimpleUnifiedScheduler`
-  is opt-in, `TLLM_USE_PYTHON_SCHEDULER`, default off)
+- KVM = cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp, `getRemainingBlocksToCompletion` and
+  `getNeededBlocksOneStep` (by name: several stored versions, the same arithmetic)
+- PYS = tensorrt_llm/_torch/pyexecutor/scheduler.py @034fffb0: the PyTorch backend (the default
+  in 1.x) runs the C++ schedulers above through bindings (`SimpleScheduler` over
+  `BindCapacityScheduler` and `BindMicroBatchScheduler`); the Python port
+  (`SimpleUnifiedScheduler`) is opt-in (`TLLM_USE_PYTHON_SCHEDULER`, default off)
 - PEC = tensorrt_llm/_torch/pyexecutor/py_executor_creator.py (chunk unit, chunking policy)
 - ARGS = tensorrt_llm/llmapi/llm_args.py (defaults: see conf/policy/trtllm.yaml)
 
-TensorRT-LLM keeps one list of active requests in arrival order; a paused request goes back to
-the context phase and keeps its place. This policy builds the same list each step: running and
+TensorRT-LLM keeps one list of active requests, in arrival order; a paused request returns to
+the context phase and keeps its place. This policy rebuilds that list each step: running and
 waiting requests by (arrival, id).
 
 1. Capacity scheduler (`mode`; ARGS `SchedulerConfig.capacity_scheduler_policy`, default
-   GUARANTEED_NO_EVICT), never more than `max_num_seqs` requests (CAP:277, :312):
-   - `guaranteed_no_evict` (CAP `GuaranteedNoEvictScheduler::impl`, CAP:256-358): every request
-     in the generation phase is taken first, in list order, with no KV check, and the blocks it
-     still needs to finish are set aside (CAP:281-284); then the context-phase requests, in list
-     order, each taken only if the blocks it needs to finish fit in what is left (CAP:332-347),
-     stopping at the first that does not (CAP:348-352). "Blocks to finish" (KVM
-     `getRemainingBlocksToCompletion`) is ceil((prompt + max output) / block) minus the blocks
-     the request holds: a new request is charged its whole prompt and output, whatever part of
-     its prompt is in the prefix cache. The free blocks it is compared with (SBM:33-35,
-     `getNumFreeBlocksPerWindowSize`) include cached blocks no request holds. Nothing is ever
-     paused.
-   - `static_batch` (CAP `StaticBatchScheduler`, CAP:181-187 and :308-310): the same, but new
-     requests are taken only when no request is in the generation phase.
-   - `max_utilization` (CAP `MaxUtilizationScheduler::operator()`, CAP:370-433): the list in
-     order, each request taken if the blocks of its next step fit with those taken so far
-     (CAP:436-468, SBM:60-80; KVM `getNeededBlocksOneStep`: the whole prompt's blocks for a
-     request's first context chunk, the next token's for a generation). When one does not fit
-     (or `max_num_seqs` is reached), the last *started* request (generation phase, or a context
-     past its first chunk) from it to the end of the list is paused, its blocks given back, and
-     the list is cut there: the request is tried again (CAP:414-427); with no started request
-     left, scheduling stops (CAP:428-431). A paused request is recomputed (TensorRT-LLM's
-     `LlmRequest::pause` returns it to the context phase with its output as prompt).
+   GUARANTEED_NO_EVICT); never more than `max_num_seqs` requests (CAP:367-370, 416-419, 551).
+   - `guaranteed_no_evict` (`GuaranteedNoEvictScheduler::impl`, CAP:315-451): every request in
+     the generation phase first, in list order, with no KV check, setting aside the blocks it
+     still needs to finish (CAP:371-384); the others (context phase, chunked or not) wait for
+     the second pass (CAP:389-392), which takes them in list order, each only if the blocks it
+     needs to finish fit in what is left (CAP:422-432), and stops at the first that does not
+     (CAP:441-445). "Blocks to finish" (SBM:34-51, KVM `getRemainingBlocksToCompletion`) is
+     ceil((prompt + max new tokens) / block) less the blocks the request holds: a new request
+     is charged its whole prompt and output, whatever part of its prompt is cached. The free
+     blocks it starts from (SBM:28-32, `getNumFreeBlocksPerWindowSize`) count cached blocks no
+     request holds. Nothing is ever paused.
+   - `static_batch` (`StaticBatchScheduler`, CAP:184-190 -> impl<true>): the same, but the
+     second pass runs only when no request is in the generation phase (CAP:397).
+   - `max_utilization` (`MaxUtilizationScheduler::operator()`, CAP:460-544): the list in order,
+     each request taken if the blocks of its next step fit with those taken so far
+     (`trySchedulingRequestMaxUtilization`, CAP:546-578; SBM:65-86; KVM
+     `getNeededBlocksOneStep`: a context request's first chunk is charged its whole prompt's
+     blocks, a generation request its next token's). When one does not fit (or `max_num_seqs`
+     is reached), the last *started* request (generation phase, or a context past its first
+     chunk: CAP:480-484) from it to the end of the list is paused, its blocks given back, and
+     the list cut there; the request is tried again (CAP:523-535). With no started request
+     left, scheduling stops (CAP:536-539). A paused request is recomputed (`LlmRequest::pause`
+     makes its output part of its prompt).
    With block reuse on (`kv.enable_prefix_caching`), a context request in its first chunk is
-   skipped (not a stop) when the first block of its prompt not yet in the cache is the one a
-   request taken earlier this step (or a chunked context already executing) will compute
-   (CAP `beneficialToSkip`, CAP:100-125, :32-95): it waits a step to reuse it.
-2. Micro-batch scheduler (MBS `MicroBatchScheduler::operator()`, MBS:176-300), on the capacity
-   scheduler's requests in their order (generation first): a generation request takes one token
-   and the pass stops at the first that would exceed `max_num_tokens` (MBS:259-262); every
-   `max_num_seqs`-th request stops it too (MBS:276-279). Context and generation requests share a
+   skipped (a skip, not a stop) when the first block of its prompt not yet cached is one that a
+   request taken earlier this step, or a chunked context already executing, will compute
+   (`beneficialToSkip`, CAP:69-122 and 33-67; used at CAP:409-414 and 506-512): it waits a step
+   to reuse that block.
+2. Micro-batch scheduler (`MicroBatchScheduler::operator()`, MBS:185-329), on the capacity
+   scheduler's requests in its order (generation first): a generation request takes one token,
+   and the pass stops at the first that would exceed `max_num_tokens` (MBS:276-298); it also
+   stops after `max_num_seqs` requests (MBS:300-303). Context and generation requests share a
    step.
    - `chunked_context: false` (ARGS `enable_chunked_prefill`, default False): a context request
-     is charged its whole prompt (`getNumTokens`, whatever its prefix hit) and the pass stops at
-     the first that does not fit in `max_num_tokens` (MBS:215-225).
-   - `chunked_context: true`: context requests are set aside (MBS:226-247); if their remaining
-     context does not fit in what generation requests left (MBS:281-284), they are chunked by
-     `chunking_policy` (MBS:286-293; PEC: chunk unit = `tokens_per_block`, policy
-     FIRST_COME_FIRST_SERVED unless set): `first_come_first_served` gives each, in order, what is
-     left, rounded down to a multiple of the block when cut (MBS:125-150), so a later short prompt
-     can still use the remainder; `equal_progress` hands out one block's worth of tokens to each
-     in turn while any fits (MBS:96-122). A request given 0 tokens waits (MBS:294-302).
-   A context request's chunk starts after its prefix hit (the loop's prefix match), but the
-   budget is charged from the request's context position as TensorRT-LLM does.
+     is charged its whole prompt (`getNumTokens`, whatever its prefix hit), and the pass stops at
+     the first that does not fit in `max_num_tokens` (MBS:239-253).
+   - `chunked_context: true`: context requests are set aside (MBS:255-274); if together they do
+     not fit in what the generation requests left (MBS:306-309), they are chunked by
+     `chunking_policy` (MBS:312-318; PEC: the chunk unit is `tokens_per_block`, the policy
+     FIRST_COME_FIRST_SERVED unless set): `first_come_first_served` gives each, in order, what
+     is left, rounded down to a whole number of blocks when cut, so a later prompt that fits
+     whole still takes the remainder (MBS:131-158); `equal_progress` deals one block's worth of
+     tokens to each in turn while any fits (MBS:98-129). A request given 0 tokens waits
+     (MBS:320-329).
+   A context chunk starts after the request's prefix hit (the loop's prefix match), but the
+   budget is charged from its context position, as TensorRT-LLM sizes chunks before it looks
+   the prefix up.
 
 Not modeled: beam search, draft tokens, LoRA/PEFT pages, encoder-decoder (cross) KV, variable
-window attention, disaggregated serving, attention DP, the two-step lookahead of overlap
-scheduling, request priorities (the list here is FCFS), `trtllm-serve`'s dynamic batch
-tuning; TensorRT-LLM rejects a prompt longer than `max_num_tokens` when chunking is off
-(llmapi/llm.py `_check_arguments`), a policy cannot reject: such a prompt is prefilled here in
-chunks of the budget left, and the pass stops after it. The loop allocates a chunked prompt's
-blocks chunk by chunk, where TensorRT-LLM takes all of them with the first chunk; a context
-past its first chunk is charged here the blocks of its whole remaining prompt (which
-TensorRT-LLM would already hold), so the decisions match unless earlier decodes take them in
-between, in which case it is paused like any started request.
+window attention, disaggregated serving, attention DP, the overlap scheduler's two-step
+lookahead, request priorities (the list here is FCFS), `max_context_length`, `trtllm-serve`'s
+dynamic batch tuning, and the max output length: a request's `output_len` stands for its
+`max_tokens`. TensorRT-LLM rejects a prompt longer than `max_num_tokens` when chunking is off
+(llmapi/llm.py `_check_arguments`); a policy cannot reject, so such a prompt is prefilled here
+in chunks of the budget left, and the pass stops after it. The loop allocates a chunked
+prompt's blocks chunk by chunk, where TensorRT-LLM takes them all with the first chunk; under
+`max_utilization` a context past its first chunk is charged here the blocks of its remaining
+prompt (the ones TensorRT-LLM would already hold), so the decisions match unless decodes
+earlier in the list take those blocks in between, in which case it is paused like any started
+request.
 """
 from __future__ import annotations
 
@@ -143,7 +150,7 @@ class TRTLLMPolicy(BasePolicy):
             return None
         bs = view.block_size
         contributed: set[int] = set()
-        for s in view.running:  # chunked contexts already executing (CAP:32-58)
+        for s in view.running:  # chunked contexts already executing (CAP:33-67)
             if s.is_prefill and s.num_computed:
                 keys = kv.prefix_keys(s)
                 j = s.num_computed // bs
