@@ -23,8 +23,9 @@ enforces `scheduler.max_num_batched_tokens`, so a prompt is admitted only if it 
 the budget the decodes left (raise the budget to come closer to Orca). Choice: a prompt longer
 than the whole budget (which Orca would run in one iteration) is admitted alone and prefilled in
 budget-sized chunks, rather than left to starve. Not modeled: pipeline-parallel workers
-(`n_workers` batches in flight; here one), Orca's max_tokens given by the client (the trace's
-output length stands for it).
+(`n_workers` batches in flight; here one), Orca's max_tokens given by the client: the trace's
+prompt + output length stands for it, the reservation the vLLM paper (Kwon et al., SOSP'23,
+section 6) calls "Orca (Oracle)"; its "Orca (Max)" would reserve `max_model_len` per request.
 """
 from __future__ import annotations
 
