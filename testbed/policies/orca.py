@@ -1,15 +1,31 @@
 """Orca's iteration-level scheduling, with whole prompts and KV reserved for the maximum.
 
 Source: Yu et al., "Orca: A Distributed Serving System for Transformer-Based Generative
-Models", OSDI 2022 (Algorithm 1, with the `n_rsrv` reservation of max tokens).
-Rule, per step: every running request runs (its whole prompt in the step it joins, then
-one decode token a step). Waiting requests are admitted FCFS while the batch-size cap
-(`max_batch_size`, capped by the scheduler's) allows, the whole prompt fits in the token
-budget left after the decodes, and the KV for the request's *maximum* length (prompt +
-output) fits on top of the maximum lengths reserved by the running requests: so no
-request ever runs out of KV and nothing is ever preempted.
-Choice: a prompt longer than the whole token budget (which Orca would not accept) is
-admitted alone and prefilled in budget-sized chunks, rather than left to starve.
+Models", OSDI 2022 (no public code). Algorithm 1 (as reconstructed from the paper's listing):
+the main loop calls `Select(request_pool, n_rsrv)` every iteration and, when a request
+finishes, releases its reservation (`n_rsrv <- n_rsrv - req.max_tokens`); `Select` takes the
+requests not in flight, `SortByArrivalTime`, and for each: `if batch.size() = max_bs: break`;
+if the request is in its initiation phase, `new_n_rsrv <- n_rsrv + req.max_tokens; if
+new_n_rsrv > n_slots: break`, else reserve; add it to the batch. Section 4 (selective
+batching): requests in the initiation (prefill) and increment (decode) phases run in the same
+iteration, a prompt whole.
+Rule here, per step: every running request runs (arrived before every waiting one, since
+admission is FCFS and stops at the first that does not fit: the sorted pool is the running
+requests then the waiting ones); a waiting request is admitted FCFS while the batch holds
+fewer than `max_batch_size` (capped by the scheduler's `max_num_seqs`), and only if the KV for
+its maximum length (prompt + output: `max_tokens`) fits on top of the maximum lengths of the
+running requests (`n_slots` = the cache's blocks); the first that does not fit stops admission.
+No request ever runs out of KV, so nothing is ever preempted. With `kv.block_size=1` (the
+preset) the reservation is Orca's token-slot arithmetic exactly; a larger block rounds each
+request's reservation up to whole blocks.
+Limits of the testbed, not of Orca: Orca has no per-iteration token budget, but the loop
+enforces `scheduler.max_num_batched_tokens`, so a prompt is admitted only if it fits whole in
+the budget the decodes left (raise the budget to come closer to Orca). Choice: a prompt longer
+than the whole budget (which Orca would run in one iteration) is admitted alone and prefilled in
+budget-sized chunks, rather than left to starve. Not modeled: pipeline-parallel workers
+(`n_workers` batches in flight; here one), Orca's max_tokens given by the client: the trace's
+prompt + output length stands for it, the reservation the vLLM paper (Kwon et al., SOSP'23,
+section 6) calls "Orca (Oracle)"; its "Orca (Max)" would reserve `max_model_len` per request.
 """
 from __future__ import annotations
 
