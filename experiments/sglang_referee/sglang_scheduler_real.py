@@ -33,10 +33,12 @@ DECODE_TOKEN = 7  # token id appended by every decode step
 
 SCENARIOS = {
     # KV pressure: 3 requests whose decode outgrows the pool -> retract_decode.
-    "retract": dict(pool_tokens=96, page_size=1, chunked_prefill_size=64,
+    # (admission reserves new_token_ratio*max_new = 0.7*100 per request; both
+    # then really grow to 110 tokens > 200/2)
+    "retract": dict(pool_tokens=200, page_size=1, chunked_prefill_size=64,
                     max_prefill_tokens=64, policy="fcfs", max_running=8,
-                    reqs=[(0, list(range(100, 124)), 40), (0, list(range(200, 224)), 40),
-                          (0, list(range(300, 324)), 40)]),
+                    reqs=[(0, list(range(100, 110)), 100), (0, list(range(200, 210)), 100),
+                          (0, list(range(300, 310)), 100)]),
     # One long prompt split by chunked prefill; a short one arrives meanwhile.
     "chunked": dict(pool_tokens=1024, page_size=1, chunked_prefill_size=64,
                     max_prefill_tokens=64, policy="fcfs", max_running=8,
