@@ -77,6 +77,7 @@ def check_tokens_against_generate(policy, device, tmp_path):
     cfg = config(*TINY, f"backend.device={device}", f"policy={policy}", "trace=mooncake",
                  f"trace.path={crafted_trace(tmp_path / 't.jsonl')}",
                  "kv.num_blocks=100", "kv.block_size=16", "scheduler.max_num_batched_tokens=256",
+                 "kv.enable_prefix_caching=true",  # on whatever the policy's preset says (orca's: off)
                  # vLLM's whole-sequence admission gate off, so that this small cache preempts
                  *(["policy.reserve_full_isl=false"] if policy == "vllm" else []))
     engine = build_engine(cfg, ModelSpec(**{k: v for k, v in cfg.model.items()}))
