@@ -27,12 +27,16 @@ Each step, with `chunk` = `token_budget` (Sarathi's `chunk_size`, CF:246-248):
    (SS:208-212); fewer than `max_num_seqs` requests are running, counting every one kept
    above (SS:216-217; CF:179-184, default 128); and the chunk has room left, else stop
    (SS:220-225). It takes min(its known length, chunk - tokens so far) now (SS:227-235) and
-   ALL its prompt's blocks at once (`allocate`, BM:84-92). A step that preempted admits
-   nothing, though no line says so: the oldest victim heads the queue (BS:122), and a
-   preempted decode still counts its prompt as done while the scheduler runs (it is reset
-   for recompute only after, by the sequence manager: sequence.py:175-182,
-   core/sequence_manager/base_sequence_manager.py:32-36, 70-71), so its next chunk is 0 and
-   admission stops there (SS:224-225).
+   ALL its prompt's blocks at once (`allocate`, BM:84-92). After preemptions the head of
+   the queue is the step's oldest victim (BS:122), which the scheduler still sees as it was:
+   it is reset for recompute only after scheduling, by the sequence manager (sequence.py:
+   175-182, core/sequence_manager/base_sequence_manager.py:32-36, 70-71). So a decode victim
+   reads a chunk of 0 and admission stops (SS:224-225): nothing is admitted; a partial-
+   prefill victim that fits again is re-admitted at once with a chunk of min(what its prompt
+   had left, chunk - tokens) (SS:91-94), computed from token 0.
+   The loop cannot preempt and schedule one request in one plan, so a step that preempts
+   is planned twice: the preemptions alone, then (the loop asks again at once, in the same
+   step) the rest, with this step's victims remembered for the admission rule above.
 A recompute-preempted request comes back with its generated tokens folded into its prompt
 (core/datatypes/sequence.py:175-182) and is a prefill until all of them are recomputed,
 even when one token is left (its `remaining` then looks like a decode's: the policy keeps
@@ -45,17 +49,14 @@ them at admission); a partial-prefill victim gives back both.
 Not modelled (and where this differs from Sarathi-Serve):
 - Pipeline parallelism (ParallelConfig defaults to 2 stages, CF:165-168): no paused
   micro-batches (SS:133-135), one batch in flight (BS:78-84).
-- When the oldest victim of a step is a partial prefill whose whole prompt fits again
-  (two or more victims, or a watermark of 0), Sarathi-Serve re-admits it in that same step:
-  its chunk is sized by what its prompt had left (SS:91-94, read before the reset) and
-  computed from token 0 (after it). The loop cannot preempt and schedule one request in
-  one plan, so here that step admits nothing.
 - The stop rule after a recompute: Sarathi-Serve counts max_tokens from the reset
   (sequence.py:181-182, 195), so a preempted request generates more than its output
   length; here a request stops at its trace's output length.
 - Dynamic chunking (`enable_dynamic_chunking_schedule`, off by default, CF:249-251).
-- A request that does not fit the watermark while nothing at all is running: Sarathi-Serve
-  would wait forever (no step frees a block); here it is admitted if it fits the free cache.
+- Where Sarathi-Serve would never schedule again, the policy goes on: with nothing running,
+  a head request that fits the free cache but not the watermark is admitted, and a decode
+  that preempted itself alone is re-admitted (Sarathi-Serve's engine skips the sequence
+  manager after an empty schedule, engine/base_llm_engine.py:381-382, so it is never reset).
 - Decodes are capped by the loop's `scheduler.max_num_batched_tokens` (Sarathi never caps
   them, SS:157); a chunk left negative by more decodes than `chunk` counts as empty (Sarathi
   would schedule a negative chunk, SS:91-94).
