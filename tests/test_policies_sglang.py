@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from conftest import FixedCost, make_loop, make_requests
 from testbed.policies import make_policy
 from testbed.policies.sglang import dfs_weight_order, in_batch_deprioritized
 from testbed.sim.simulation import Simulation
 
 
-def run_sglang(reqs, num_blocks, knobs=None, budget=16384, max_seqs=4096):
+def run_sglang(reqs, num_blocks, knobs=None, budget=16384, max_seqs=4096, prefix=True):
     """Simulate with SGLang's KV (page 1, decode tokens cached at finish); returns (loop, steps)
     with each step as ([(request id, tokens)], [retracted ids])."""
     pol = make_policy("sglang", **(knobs or {}))
@@ -32,7 +34,8 @@ def run_sglang(reqs, num_blocks, knobs=None, budget=16384, max_seqs=4096):
     pol.schedule = schedule
     cost = FixedCost(0.01, 0.0001)
     out = Simulation(reqs, lambda: make_loop(pol, num_blocks=num_blocks, block_size=1, budget=budget,
-                                             max_seqs=max_seqs, cost=cost, cache_decode_tokens="finished"),
+                                             max_seqs=max_seqs, cost=cost, cache_decode_tokens="finished",
+                                             prefix=prefix),
                      cost, fast_forward=False).run()
     loop = out.loops[0]
     assert all(s.status.value == "finished" for s in loop.states), [s.status for s in loop.states]
@@ -162,3 +165,40 @@ def test_the_ratio_decays_per_decode_step_to_its_floor():
     for k in (1, 2, 300, 601):
         assert abs(pol.ratios[k] - max(0.098, 0.7 - decay * (k - 1))) < 1e-9, k
     assert pol.ratios[650] == pol.min_ratio
+
+
+# --- ported from SGLang's own tests: test/srt/test_schedule_policy.py (sgl-project/sglang) --------------
+
+
+def first_admitted(steps):
+    order = []
+    for items, _ in steps:
+        order += [r for r, n in items if r not in order]
+    return order
+
+
+def test_ported_init_with_unknown_policy():
+    with pytest.raises(ValueError, match="schedule_policy"):
+        make_policy("sglang", schedule_policy="invalid")
+
+
+def test_ported_calc_priority_fcfs_keeps_the_queue_order():
+    # upstream: rids 1, 3, 2 (prompts [1,2], [1,2,3], [1]) stay in that order; one admitted at a time
+    reqs = make_requests([(0.0, 2, 2), (0.0, 3, 2), (0.0, 1, 2)])
+    _, steps, _ = run_sglang(reqs, 1000, knobs={"schedule_policy": "fcfs", "max_running_requests": 1})
+    assert first_admitted(steps) == [0, 1, 2]
+
+
+def test_ported_calc_priority_longest_output_first():
+    # upstream: max_new_tokens 1000, 10, 100 for rids 1, 3, 2 -> order 1, 2, 3 (P L504-519)
+    reqs = make_requests([(0.0, 2, 1000), (0.0, 3, 10), (0.0, 1, 100)])
+    _, steps, _ = run_sglang(reqs, 5000, knobs={"schedule_policy": "lof", "max_running_requests": 1})
+    assert first_admitted(steps) == [0, 2, 1]
+
+
+def test_ported_init_with_disabled_cache_is_fcfs():
+    # upstream: lpm over a disabled radix cache is FCFS (P L324-344). The in-batch scenario above,
+    # without the prefix cache: R1 is no longer deferred behind R2
+    reqs = make_requests([(0.0, 128, 2, (1, 2)), (0.0, 128, 2, (1, 2)), (0.0, 64, 2, (9,))], block_tokens=64)
+    _, steps, _ = run_sglang(reqs, 1000, knobs={"schedule_policy": "lpm", "chunked_prefill_size": 192}, prefix=False)
+    assert steps[0][0] == [(0, 128), (1, 64)]

@@ -66,6 +66,11 @@ class SchedulerView:
         return self._kv.num_blocks
 
     @property
+    def prefix_caching(self) -> bool:
+        """Whether the prefix cache is on (a cache-aware order has nothing to go on without it)."""
+        return self._kv.enable_prefix_caching
+
+    @property
     def free_blocks(self) -> int:
         return self._kv.num_free_blocks
 

@@ -24,7 +24,8 @@ Prefill (`_get_new_batch_prefill_raw`, S L4079-4330):
   shared prefix before the rest reuse it (in-batch prefix caching, P L346-396, thresholds
   P L115-126); above 128 waiting requests, fcfs (P L304-315); `dfs_weight`: depth first over
   the radix tree, each request at its cached-prefix node, heavier subtrees first, a node's own
-  requests after its children (`_dfs_weight_order`, base_prefix_cache.py L347-387); `lof`:
+  requests after its children (`_dfs_weight_order`, base_prefix_cache.py L347-387); both are
+  fcfs when the prefix cache is off (P L324-344); `lof`:
   longest max_new_tokens first (P L504-519).
 - `PrefillAdder` (P L607-1710, M L62-170), in tokens: the budget is the free KV plus the
   evictable cache, less every running request's `min(max_new - generated, 4096) * ratio`
@@ -244,6 +245,8 @@ class SGLangPolicy(BasePolicy):
         """calc_priority: sort SGLang's queue in place (the order persists)."""
         queue = list(self._queue.values())
         policy = self.knobs.schedule_policy
+        if policy in ("lpm", "dfs_weight") and not view.prefix_caching:
+            policy = "fcfs"  # a cache-aware order without the radix cache is fcfs (P L324-344)
         if policy == "lof":
             queue.sort(key=lambda s: -self._max_new(s))
         elif policy == "dfs_weight" or (policy == "lpm" and len(queue) <= PREFIX_MATCH_QUEUE_MAX):
