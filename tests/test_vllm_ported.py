@@ -1,4 +1,5 @@
-"""Scenarios ported from vLLM's own scheduler tests, run through the testbed's `vllm` policy.
+"""Scenarios ported from vLLM's own scheduler tests, run through the testbed's `vllm` policy
+(and, for the `prio_*` scenarios, `--scheduling-policy priority`, through `vllm_priority`).
 
 Each test takes a scenario of vLLM's `tests/v1/core/test_scheduler.py` (vllm-project/vllm;
 its helpers `create_scheduler` / `create_requests` are in `tests/v1/core/utils.py`),
@@ -37,6 +38,7 @@ from testbed.core.kv import BlockManager
 from testbed.core.loop import SchedulerLimits, StepLoop
 from testbed.core.request import Request, Status
 from testbed.policies.vllm import VLLMKnobs, VLLMPolicy
+from testbed.policies.vllm_priority import VLLMPriorityKnobs, VLLMPriorityPolicy
 from vllm_ported_scenarios import SCENARIOS, prompt_tokens, rle
 
 # What REAL vLLM 0.32.0 scheduled, per scenario (experiments/vllm_referee/ported_scenarios_real.txt):
@@ -183,6 +185,94 @@ EXPECTED = {
         {},
         {0: {'S': 0}, 1: {'R': 0}, 21: {'X': 48}},
     ),
+    # --scheduling-policy priority: steps as ordered (request, tokens) pairs, vLLM's scheduling order
+    'prio_basic_ordering': (
+        [(1, (('1', 10), ('2', 10), ('0', 10))), (15, (('1', 1), ('2', 1), ('0', 1)))],
+        {},
+        {0: {'1': 0, '2': 0, '0': 0}},
+    ),
+    'prio_arrival_tiebreaker': (
+        [(1, (('1', 10), ('2', 10), ('0', 10))), (15, (('1', 1), ('2', 1), ('0', 1)))],
+        {},
+        {0: {'1': 0, '2': 0, '0': 0}},
+    ),
+    'prio_mixed_priority_and_arrival': (
+        [(1, (('3', 10), ('2', 10), ('1', 10), ('0', 10))), (15, (('3', 1), ('2', 1), ('1', 1), ('0', 1)))],
+        {},
+        {0: {'3': 0, '2': 0, '1': 0, '0': 0}},
+    ),
+    'prio_fcfs_fallback': (
+        [(1, (('1', 10), ('3', 10), ('2', 10), ('0', 10))), (15, (('1', 1), ('3', 1), ('2', 1), ('0', 1)))],
+        {},
+        {0: {'1': 0, '3': 0, '2': 0, '0': 0}},
+    ),
+    'prio_victim_selection': (
+        [(1, (('2', 10),)), (15, (('2', 1),)), (1, (('1', 10),)), (15, (('1', 1),)), (1, (('0', 10),)),
+         (15, (('0', 1),))],
+        {},
+        {0: {'2': 0}, 16: {'1': 0}, 32: {'0': 0}},
+    ),
+    'prio_equal_priority': (
+        [(1, (('1', 10),)), (15, (('1', 1),)), (1, (('2', 10),)), (15, (('2', 1),)), (1, (('0', 10),)),
+         (15, (('0', 1),))],
+        {},
+        {0: {'1': 0}, 16: {'2': 0}, 32: {'0': 0}},
+    ),
+    'prio_waiting_queue_order': (
+        [(1, (('3', 10),)), (15, (('3', 1),)), (1, (('1', 10),)), (15, (('1', 1),)), (1, (('2', 10),)),
+         (15, (('2', 1),)), (1, (('0', 10),)), (15, (('0', 1),))],
+        {},
+        {0: {'3': 0}, 16: {'1': 0}, 32: {'2': 0}, 48: {'0': 0}},
+    ),
+    'prio_heap_property': (
+        [(1, (('1', 10),)), (1, (('4', 10),)), (1, (('3', 10),)), (1, (('6', 10),)), (1, (('0', 10),)),
+         (1, (('7', 10),)), (1, (('5', 10),)), (1, (('2', 10),))],
+        {},
+        {0: {'1': 0}, 1: {'4': 0}, 2: {'3': 0}, 3: {'6': 0}, 4: {'0': 0}, 5: {'7': 0}, 6: {'5': 0}, 7: {'2': 0}},
+    ),
+    'prio_limited_slots': (
+        [(1, (('3', 10), ('1', 10))), (15, (('3', 1), ('1', 1))), (1, (('2', 10), ('0', 10))),
+         (15, (('2', 1), ('0', 1)))],
+        {},
+        {0: {'3': 0, '1': 0}, 16: {'2': 0, '0': 0}},
+    ),
+    'prio_no_preemption_when_space': (
+        [(1, (('lo1', 30), ('lo2', 30))), (1, (('lo1', 1), ('lo2', 1), ('hi1', 30))),
+         (14, (('lo1', 1), ('lo2', 1), ('hi1', 1))), (1, (('hi1', 1),))],
+        {},
+        {0: {'lo1': 0, 'lo2': 0}, 1: {'hi1': 0}},
+    ),
+    'prio_preemption': (
+        [(1, (('lo1', 30), ('lo2', 30))), (2, (('lo1', 1), ('lo2', 1))), (1, (('lo1', 1),)),
+         (1, (('lo1', 1), ('hi1', 30))), (2, (('lo1', 1), ('hi1', 1))), (13, (('hi1', 1),)),
+         (1, (('lo1', 37),)), (8, (('lo1', 1),)), (1, (('lo2', 33),)), (12, (('lo2', 1),))],
+        {3: ['lo2'], 7: ['lo1']},
+        {0: {'lo1': 0, 'lo2': 0}, 4: {'hi1': 0}, 20: {'lo1': 0}, 29: {'lo2': 0}},
+    ),
+    'prio_preempt_resume_out_of_kv': (
+        [(1, (('0', 30),)), (1, (('0', 1), ('1', 32))), (15, (('1', 1),)), (1, (('0', 32),)), (13, (('0', 1),))],
+        {2: ['0']},
+        {0: {'0': 0}, 1: {'1': 0}, 17: {'0': 0}},
+    ),
+    'prio_running_order_budget': (
+        [(1, (('A', 64),)), (1, (('A', 36), ('B', 28))), (1, (('A', 1), ('B', 63))), (1, (('A', 1), ('B', 9))),
+         (1, (('A', 1), ('B', 1))), (2, (('B', 1),))],
+        {},
+        {0: {'A': 0}, 1: {'B': 0}},
+    ),
+    'prio_victim_scheduled_earlier': (
+        [(1, (('A', 6),)), (1, (('A', 1), ('B', 4), ('C', 4))), (4, (('A', 1), ('B', 1), ('C', 1))),
+         (4, (('B', 1), ('C', 1))), (3, (('B', 1),)), (1, (('C', 13), ('A', 12))), (2, (('C', 1),)),
+         (1, (('A', 13),)), (4, (('A', 1),))],
+        {6: ['A'], 10: ['C'], 14: ['A']},
+        {0: {'A': 0}, 1: {'B': 0, 'C': 0}, 13: {'C': 0, 'A': 0}, 16: {'A': 0}},
+    ),
+    'prio_self_preempt_first': (
+        [(1, (('A', 4),)), (1, (('A', 1), ('B', 4))), (3, (('A', 1), ('B', 1))), (1, ()), (2, (('B', 1),)),
+         (1, (('A', 9),)), (6, (('A', 1),))],
+        {5: ['A']},
+        {0: {'A': 0}, 1: {'B': 0}, 8: {'A': 0}},
+    ),
 }
 
 
@@ -192,24 +282,38 @@ def _block_ids(tokens: list[int], block_size: int) -> tuple[int, ...]:
 
 
 def run_ours(name: str):
-    """Drive the scenario through VLLMPolicy + StepLoop + BlockManager until every request finished.
+    """Drive the scenario through VLLMPolicy (or VLLMPriorityPolicy) + StepLoop + BlockManager until
+    every request finished.
 
     Returns (steps as runs, {step: preempted}, {step: {admitted: hit}}) in EXPECTED's shape, and the loop.
+    A plan that only preempts is an empty step of its own, as in vLLM (the loop asks the policy
+    again at once: that next plan is vLLM's next step).
     """
     sc = SCENARIOS[name]
     c = sc["config"]
     bs = c["block_size"]
+    priority = sc.get("policy") == "priority"
+    prio = sc.get("priority", {})
     knobs = dict(chunked_prefill=c["enable_chunked_prefill"],
                  long_prefill_token_threshold=c["long_prefill_token_threshold"],
                  reserve_full_isl=c["reserve_full_isl"])
     kv = BlockManager(c["num_blocks"], bs, c["enable_prefix_caching"])
-    loop = StepLoop(VLLMPolicy(VLLMKnobs(**knobs)), kv,
-                    SchedulerLimits(c["max_num_batched_tokens"], c["max_num_seqs"], c["max_model_len"]))
+    policy = VLLMPriorityPolicy(VLLMPriorityKnobs(**knobs)) if priority else VLLMPolicy(VLLMKnobs(**knobs))
+    calls = []  # (plan, ids of the requests it schedules that were not running), per schedule() call
+    inner = policy.schedule
+
+    def schedule(view):
+        plan = inner(view)
+        calls.append((plan, {s.req.id for s, _ in plan.items if s.status is not Status.RUNNING}))
+        return plan
+    policy.schedule = schedule
+    loop = StepLoop(policy, kv, SchedulerLimits(c["max_num_batched_tokens"], c["max_num_seqs"], c["max_model_len"]))
     names, arrivals = {}, []
     for i, (rid, runs, max_tokens, arrive) in enumerate(sc["requests"]):
         tokens = prompt_tokens(runs)
         names[i] = rid
-        arrivals.append((arrive, Request(i, float(arrive), len(tokens), max_tokens, _block_ids(tokens, bs), bs)))
+        p, arrival = prio.get(rid, (0, float(arrive)))
+        arrivals.append((arrive, Request(i, arrival, len(tokens), max_tokens, _block_ids(tokens, bs), bs, priority=p)))
     last_arrival = max(a for a, _ in arrivals)
     steps, preempted, admitted = [], {}, {}
     step = 0
@@ -219,17 +323,22 @@ def run_ours(name: str):
             if arrive == step:
                 s = loop.arrive(req, float(step))
                 assert s.status is Status.WAITING, s.reject_reason
-        before = {s.req.id: (s.status, s.num_preemptions) for s in loop.live.values()}
+        calls.clear()
         batch = loop.plan(float(step))
-        items = batch.items if batch is not None else []
-        steps.append({names[s.req.id]: n for s, n in items})
-        pre = sorted(names[i] for i, (_, n) in before.items() if loop.live[i].num_preemptions > n)
-        if pre:
-            preempted[step] = pre
-        # an admitted request's num_computed is its prefix-cache hit until the step completes
-        adm = {names[s.req.id]: s.num_computed for s, _ in items if before[s.req.id][0] is Status.WAITING}
-        if adm:
-            admitted[step] = adm
+        for k, (plan, fresh) in enumerate(calls):
+            if k:  # the previous call only preempted: that was a step of its own
+                step += 1
+                assert all(a != step for a, _ in arrivals), f"{name}: an arrival due in a step the loop merged"
+            items = plan.items
+            pairs = tuple((names[s.req.id], n) for s, n in items)
+            steps.append(pairs if priority else dict(pairs))
+            pre = sorted(names[s.req.id] for s, _ in plan.preempt)
+            if pre:
+                preempted[step] = pre
+            # an admitted request's num_computed is its prefix-cache hit until the step completes
+            adm = {names[s.req.id]: s.num_computed for s, _ in items if s.req.id in fresh}
+            if adm:
+                admitted[step] = adm
         if batch is not None:
             loop.complete(batch, step + 0.5)
         kv.check_invariants(loop.live.values())
@@ -423,3 +532,95 @@ def test_full_isl_gate_with_a_hit_on_evictable_blocks():
     pool: X waits while R grows (R's new blocks evict the seed's, tail first) and, once R finished,
     is admitted with the 48 tokens left cached."""
     check("full_isl_gate_evictable_hit")
+
+
+# --- --scheduling-policy priority: VLLMPriorityPolicy against real vLLM 0.32 -----------------------
+# vLLM 0.32 scheduler.py: running requests in self.running order (L657-660); the victim is
+# max(self.running, key=(priority, arrival_time)) (L795-800), possibly a request scheduled earlier in
+# the step, whose tokens and blocks come back (L808-830); a self-preemption stops the pass (L843-848);
+# no admission in a step that preempted (L900); the waiting queue is a heap by (priority, arrival,
+# request id) (request_queue.py L131-197, request.py L357-367). Steps are compared in vLLM's order.
+@pytest.mark.parametrize("name", ["prio_basic_ordering", "prio_arrival_tiebreaker",
+                                  "prio_mixed_priority_and_arrival", "prio_fcfs_fallback"])
+def test_priority_admission_order(name):
+    """Upstream `test_priority_scheduling_basic_ordering`, `_arrival_time_tiebreaker`,
+    `_mixed_priority_and_arrival`, `_fcfs_fallback`: every request fits in the first step; they are
+    admitted, and then decode, in (priority, arrival) order (upstream asserts the admission order,
+    e.g. ["3", "2", "1", "0"] for priorities [2, 1, 1, 0] and arrivals [1, 3, 2, 4])."""
+    check(name)
+    steps, _, _ = EXPECTED[name]
+    first = [rid for rid, _ in steps[0][1]]
+    assert first == {"prio_basic_ordering": ["1", "2", "0"], "prio_arrival_tiebreaker": ["1", "2", "0"],
+                     "prio_mixed_priority_and_arrival": ["3", "2", "1", "0"],
+                     "prio_fcfs_fallback": ["1", "3", "2", "0"]}[name]
+
+
+@pytest.mark.parametrize("name", ["prio_victim_selection", "prio_equal_priority", "prio_waiting_queue_order",
+                                  "prio_heap_property"])
+def test_priority_one_at_a_time_in_heap_order(name):
+    """Upstream `test_priority_scheduling_preemption_victim_selection`, `_equal_priority_preemption`,
+    `_waiting_queue_order`, `_heap_property`: max_num_seqs=1, so the requests run one after another,
+    in the waiting heap's order (upstream asserts the first admitted and the heap order of the rest;
+    here the whole run is compared)."""
+    check(name)
+    _, _, admitted = EXPECTED[name]
+    order = [rid for step in sorted(admitted) for rid in admitted[step]]
+    prio = SCENARIOS[name]["priority"]
+    assert order == sorted(prio, key=lambda r: prio[r])
+
+
+def test_priority_limited_slots():
+    """Upstream `test_priority_scheduling_with_limited_slots`: max_num_seqs=2 admits the two best of
+    four (3 then 1) although the budget has room; 2 then 0 follow once they finished."""
+    check("prio_limited_slots")
+
+
+def test_priority_no_preemption_when_space_available():
+    """Upstream `test_priority_scheduling_no_preemption_when_space_available`: a high-priority request
+    joins two low-priority ones without preempting anybody; it is admitted behind their decodes."""
+    check("prio_no_preemption_when_space")
+    assert EXPECTED["prio_no_preemption_when_space"][1] == {}
+
+
+def test_priority_preemption():
+    """Upstream `test_priority_scheduling_preemption` (skipped upstream, "needs investigation"), run on
+    to the end: with 5 usable blocks the high-priority hi1 cannot be admitted on arrival (its whole
+    sequence does not fit); lo2, the worst running request, preempts itself when it needs a block
+    (lo1 was scheduled before it and keeps its token); hi1 is admitted in the next step, ahead of the
+    preempted lo2 (the heap, not the head of the queue); later lo1, now the worst, is the victim when
+    hi1 needs a block, and lo1 is re-admitted before lo2 (equal priority, earlier arrival)."""
+    check("prio_preemption")
+
+
+def test_priority_victim_already_scheduled_in_the_step():
+    """Upstream `test_priority_scheduling_preemption_and_resumption_when_out_of_kv` (without its KV
+    connector): 4 usable 16-token blocks; at the third step the low-priority request, first in
+    self.running, is scheduled (its 32nd token fits), then the high-priority one needs a third block
+    and the victim is the low one: its token is taken back and the step schedules only the high one
+    (upstream: scheduled_cached_reqs == [high], low PREEMPTED). Low resumes once high finished."""
+    check("prio_preempt_resume_out_of_kv")
+    steps, preempted, _ = EXPECTED["prio_preempt_resume_out_of_kv"]
+    assert preempted == {2: ["0"]} and steps[2][1] == (("1", 1),)
+
+
+def test_priority_victim_scheduled_earlier_with_one_between():
+    """Crafted: A (worst) was admitted first, B and C after it; at step 6 A is scheduled first, then
+    a better request needs a block: A, scheduled earlier in the step, is the victim and gives back
+    its token and blocks, and the pass goes on (scheduler.py L808-830). Later C, the worst of B and C,
+    preempts itself; C and A are re-admitted in heap order (C first)."""
+    check("prio_victim_scheduled_earlier")
+
+
+def test_priority_running_order_hands_out_the_budget():
+    """Crafted: the running pass visits self.running in admission order, not priority order
+    (scheduler.py L657-660): A (priority 5) admitted first takes its decode token before B
+    (priority 0) takes the 63 left of the 64-token budget; visiting best-first would give B 64."""
+    check("prio_running_order_budget")
+    assert EXPECTED["prio_running_order_budget"][0][2] == (1, (("A", 1), ("B", 63)))
+
+
+def test_priority_self_preemption_first_stops_the_pass():
+    """Crafted: A (worst) is first in self.running and needs a block with none free: the victim is
+    A itself, the pass stops (L843-848) and B, behind it, is not scheduled: vLLM's step 5 is empty.
+    The testbed's loop asks the policy again at once (the harness records that as the next step)."""
+    check("prio_self_preempt_first")

@@ -8,7 +8,9 @@ each request before its step, and steps `schedule()` / `update_from_output()` un
 request has finished, feeding back one sampled token for each request whose scheduled tokens
 reach its known length (none for a partial prefill chunk), as upstream's tests do. Printed per
 step: the tokens scheduled per request, the requests preempted, and the requests admitted with
-the prefix-cache hit they were admitted with (tokens).
+the prefix-cache hit they were admitted with (tokens). A scenario with `policy: "priority"` builds
+the Scheduler with `SchedulerConfig(policy="priority")` and gives each request its `priority` and
+`arrival_time`; its steps are printed as ordered (request, tokens) pairs, vLLM's scheduling order.
 
 Run it from the repository root with the Python that has vLLM (its own venv, main README "Real
 vLLM"; nothing is downloaded: a tiny Llama config is written to a temporary folder, and the
@@ -52,7 +54,7 @@ def tiny_model_dir() -> str:
     return folder
 
 
-def make_scheduler(cfg: dict, model_dir: str):
+def make_scheduler(cfg: dict, model_dir: str, policy: str = "fcfs"):
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -72,6 +74,7 @@ def make_scheduler(cfg: dict, model_dir: str):
         scheduler_reserve_full_isl=cfg["reserve_full_isl"],
         async_scheduling=False,
         is_encoder_decoder=False,
+        policy=policy,
     )
     cache_config = CacheConfig(block_size=bs, enable_prefix_caching=cfg["enable_prefix_caching"])
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
@@ -93,6 +96,7 @@ def make_scheduler(cfg: dict, model_dir: str):
     assert sc.enable_chunked_prefill == cfg["enable_chunked_prefill"]
     assert sc.max_num_batched_tokens == cfg["max_num_batched_tokens"] == sched.max_num_scheduled_tokens
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == cfg["num_blocks"]
+    assert sched.policy.value == policy
     return sched
 
 
@@ -104,14 +108,17 @@ def run_scenario(sc: dict, model_dir: str, prompt_tokens) -> dict:
     from vllm.v1.request import Request, RequestStatus
 
     cfg = sc["config"]
-    sched = make_scheduler(cfg, model_dir)
+    policy = sc.get("policy", "fcfs")
+    prio = sc.get("priority", {})
+    sched = make_scheduler(cfg, model_dir, policy)
     init_none_hash(sha256)
     hasher = get_request_block_hasher(cfg["block_size"], sha256)
     reqs = {}
     for rid, runs, max_tokens, _ in sc["requests"]:
+        extra = dict(priority=prio[rid][0], arrival_time=prio[rid][1]) if rid in prio else {}
         reqs[rid] = Request(request_id=rid, prompt_token_ids=prompt_tokens(runs),
                             sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                            pooling_params=None, block_hasher=hasher)
+                            pooling_params=None, block_hasher=hasher, **extra)
     steps, preempted, admitted = [], {}, {}
     step = 0
     waiting_status = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -127,7 +134,8 @@ def run_scenario(sc: dict, model_dir: str, prompt_tokens) -> dict:
         waiting_before = {rid for rid, r in reqs.items() if r.status in waiting_status and rid in sched.requests}
         out = sched.schedule()
         n = dict(out.num_scheduled_tokens)
-        steps.append(n)
+        # under the priority policy the order vLLM scheduled them in is recorded too
+        steps.append(tuple(n.items()) if policy == "priority" else n)
         pre = sorted(rid for rid in running_before if reqs[rid].status == RequestStatus.PREEMPTED)
         if pre:
             preempted[step] = pre
@@ -172,6 +180,8 @@ def main() -> None:
         print(f"\n## {name}")
         print("config:", json.dumps(sc["config"]))
         print("requests (id, prompt runs, max_tokens, arrive_step):", json.dumps(sc["requests"]))
+        if "policy" in sc:
+            print("policy:", sc["policy"], " priority (id: [priority, arrival_time]):", json.dumps(sc["priority"]))
         i = 0
         for repeat, n in res["steps"]:
             extra = ""
