@@ -28,22 +28,21 @@ def prefix_block_keys(req: Request, block_size: int) -> tuple[int, ...]:
     """Content keys of the request's full KV blocks inside the trace's hashed prefix.
 
     Trace block i (`prefix_block_tokens` tokens, id `prefix_hashes[i]`) and our block j
-    (`block_size` tokens) need not align: block j's key chains the previous key with the
-    ids of every trace block it overlaps and its offset in the first, so equal keys mean
+    (`block_size` tokens) need not align: block j's key names the chain of trace ids up to the
+    trace block holding its last token, and that token's offset in it, so equal keys mean
     equal content of every token up to the block's end.
     """
     if not req.prefix_hashes:
         return ()
     p = req.prefix_block_tokens
     covered = min(req.prompt_len, len(req.prefix_hashes) * p)
-    keys = []
-    key = 0
-    for j in range(covered // block_size):
-        start, end = j * block_size, (j + 1) * block_size
-        ids = req.prefix_hashes[start // p:(end - 1) // p + 1]
-        key = hash((key, start % p, ids))
-        keys.append(key)
-    return tuple(keys)
+    chain, key = [], 0  # chain[i] names trace blocks 0..i
+    for x in req.prefix_hashes[:-(-covered // p)]:
+        key = hash((key, x))
+        chain.append(key)
+    # the content of tokens [0, end) is trace blocks 0..m (m = (end - 1) // p) and end's offset in m
+    return tuple(hash((chain[(end - 1) // p], end - (end - 1) // p * p))
+                 for end in range(block_size, covered // block_size * block_size + 1, block_size))
 
 
 class BlockManager:
