@@ -167,7 +167,11 @@ class BlockManager:
         if not self.may_hit(state):
             return 0
         cap = (state.known_len - 1) // self.block_size  # leave at least one token to compute
-        n = 0
+        keys, cached = self.prefix_keys(state), self._cached
+        lim = min(cap, len(keys))
+        n = next((i for i in range(lim) if keys[i] not in cached), lim)  # a key stays only while held
+        if n < lim:
+            return n
         while n < cap and self.candidates(state, n):
             n += 1
         return n
