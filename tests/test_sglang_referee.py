@@ -41,7 +41,7 @@ EXPECTED_DIVERGENCES: dict[str, str] = {}
 def knobs_of(sc) -> dict:
     k = dict(schedule_policy=sc["schedule_policy"].replace("-", "_"),
              chunked_prefill_size=sc["chunked_prefill_size"], ignore_eos=sc["ignore_eos"],
-             max_running_requests=sc["max_running_requests"])
+             max_running_requests=sc["max_running_requests"], max_prefill_tokens=sc["max_prefill_tokens"])
     ratio = sc.get("env", {}).get("SGLANG_INIT_NEW_TOKEN_RATIO")
     if ratio is not None:
         k["init_new_token_ratio"] = float(ratio)
@@ -60,7 +60,7 @@ def run_ours(sc) -> list[dict]:
 
     def factory():
         loop = make_loop(pol, num_blocks=sc["kv_tokens"], block_size=sc["page_size"],
-                         budget=sc["max_prefill_tokens"], max_seqs=sc["max_running_requests"],
+                         budget=sc["max_prefill_tokens"] + sc["chunked_prefill_size"], max_seqs=sc["max_running_requests"],
                          max_len=sc["context_len"], cost=cost, cache_decode_tokens="finished")
         inner = loop._apply
 

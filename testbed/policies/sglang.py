@@ -90,6 +90,10 @@ class SGLangKnobs(PolicyKnobs):
     new_token_ratio_decay_steps: int = bounded(600, ge=1)  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
     retract_decode_steps: int = bounded(20, ge=0)  # SGLANG_RETRACT_DECODE_STEPS
     clip_max_new_tokens: int = bounded(4096, ge=1)  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+    # --max-prefill-tokens: admissions stop once a step's prefill tokens reach it (budget_state,
+    # P L883); the last admission may pass it by up to a chunk, so the engine's token cap
+    # (scheduler.max_num_batched_tokens) must leave room above it
+    max_prefill_tokens: int = bounded(16384, ge=1)
     max_running_requests: int = bounded(0, ge=0)  # 0: SGLang's rule from the KV size and context length
     # requests as a trace replay sends them (sglang.benchmark.serving sets ignore_eos, serving.py
     # L628): each stops at its trace length and the scheduler knows it (ratio 1 for it, P L787)
@@ -290,21 +294,23 @@ class SGLangPolicy(BasePolicy):
         ratio_of = (lambda s: 1.0) if k.ignore_eos else (lambda s: self.ratio)
         rem_total = view.free_blocks * bs - sum(
             min(self._max_new(s) - s.num_generated, k.clip_max_new_tokens) * ratio_of(s) for s in decoding)
-        rem_input = view.token_budget
-        rem_chunk = min(k.chunked_prefill_size, view.token_budget) if k.chunked_prefill_size else None
+        rem_input = k.max_prefill_tokens  # PrefillAdder(rem_input_tokens=max_prefill_tokens), S L4157-4164
+        rem_chunk = k.chunked_prefill_size or None  # rem_chunk_tokens = chunked_prefill_size (P L639), not capped by rem_input
+        cap = view.token_budget  # the engine's own limit on a step's tokens (not SGLang's: keep it above)
         free = view.free_blocks  # what the loop can allocate (SGLang's budget guarantees it)
 
         if chunked is not None:  # add_chunked_req, P L1140-1222
-            chunk = rem_chunk if rem_chunk is not None else view.token_budget
-            avail = min(chunk, int(rem_total))
+            chunk = rem_chunk if rem_chunk is not None else cap
+            avail = min(chunk, int(rem_total))  # available_chunk_tokens, M L139-142
             limit = avail if avail > 0 else chunk
-            n = min(chunked.remaining, limit, rem_input)
+            n = min(chunked.remaining, limit, cap)
             while n > 0 and view.blocks_needed(chunked, n) > free:
                 n = min(n - 1, (len(chunked.blocks) + free) * bs - chunked.num_computed)
             if n <= 0:
                 return plan  # no KV for its next chunk: decode (SGLang would run out of memory)
             truncated = n < chunked.remaining
             plan.schedule(chunked, n)
+            cap -= n
             free -= view.blocks_needed(chunked, n)
             rem_total -= page(n) + bs + (0 if truncated else min(self._max_new(chunked), k.clip_max_new_tokens))
             rem_input -= page(n)
@@ -340,13 +346,14 @@ class SGLangPolicy(BasePolicy):
             if rem_chunk is None and plan.items and page(extend) >= rem_input:
                 break  # OTHER: without chunking only the first request may pass the input cap
             n, reserve_out = extend, min(self._max_new(s), k.clip_max_new_tokens)
-            limit = rem_chunk if rem_chunk is not None else rem_input
+            limit = min(rem_chunk, cap) if rem_chunk is not None else cap
             if page(extend) > limit:  # chunk it, page-aligned (P L1640-1668)
                 n = (hit + limit // bs * bs) // bs * bs - hit
                 if n <= 0:
                     break
                 reserve_out = 0
             plan.schedule(s, n)
+            cap -= n
             pinned.update(revived)
             free -= view.blocks_needed(s, n)
             rem_total -= page(n) + bs + reserve_out + len(revived) * bs
@@ -365,6 +372,12 @@ class SGLangPolicy(BasePolicy):
         return s.req.total_len <= view.num_blocks * view.block_size
 
     def _mark_full(self, view, plan) -> None:
+        """batch_is_full is a flag on SGLang's running batch (S L4125, L4232, L4282). On an
+        empty running batch it is lost: the next step either replaces that batch with the
+        prefill batch just run (S L3952-3955) or clears the flag (S L4093-4096). So only a
+        refusal with requests already decoding holds admission."""
+        if not any(not s.is_prefill for s in view.running):
+            return
         self._full = {s.id for s in view.running} | {s.id for s, _ in plan.items}
 
     def _decode(self, view, plan: Plan, decoding) -> Plan:
