@@ -177,6 +177,8 @@ class StepLoop:
                 swap_out = swap_out or []
                 swap_out.append((s, list(s.blocks)))
             self._preempt(s, mode, shape)
+            if plan.keep_free and s.req.id in plan.keep_free:
+                self.kv.evict_to_free(-(-plan.keep_free[s.req.id] // self.kv.block_size))
         admitted = 0
         kv = self.kv
         bs = kv.block_size

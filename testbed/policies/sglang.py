@@ -393,6 +393,11 @@ class SGLangPolicy(BasePolicy):
                 first = False
                 victim = keep.pop()
                 plan.preempt_request(victim)
+                # release_req evicts the cache until 20 tokens per request still kept are free
+                # (B L2389-2392): usually the victim's own just-released prompt
+                if plan.keep_free is None:
+                    plan.keep_free = {}
+                plan.keep_free[victim.id] = self.knobs.retract_decode_steps * len(keep)
                 need -= view.blocks_needed(victim, 1)
                 free += view.reclaimable_blocks(victim)
                 self._queue[victim.id] = victim  # to the back of the waiting queue
