@@ -149,13 +149,17 @@ def in_batch_deprioritized(queue, hit_of) -> set:
     return out
 
 
-def dfs_weight_order(queue, hit_of) -> list:
+def dfs_weight_order(queue, hit_of, created=None) -> list:
     """SGLang's dfs_weight order: each request placed at the radix node where its cached prefix
     ends, nodes visited depth first with heavier subtrees (more waiting requests below) first,
-    ties in the order the subtrees first appear in the queue, a node's own requests after its
-    children (base_prefix_cache.py L347-387). The tree is the requests' cached prefixes spelled
-    in trace prefix ids: a prefix ending inside a trace block is a child of the whole blocks
-    before it; a hit past the trace ids (a request re-hitting its own tokens) is a leaf of its own."""
+    a node's own requests after its children (base_prefix_cache.py L347-387). The tree is the
+    requests' cached prefixes spelled in trace prefix ids: a prefix ending inside a trace block
+    is a child of the whole blocks before it; a hit past the trace ids (a request re-hitting its
+    own tokens) is a leaf of its own. Equal weights keep the radix tree's child order, the order
+    the children were inserted (`created`: prefix-chain key -> insertion rank, kept by
+    SGLangPolicy._note_inserted); children not in it come after, in queue order."""
+    created = created or {}
+    inf = float("inf")
     root: dict = {"kids": {}, "here": [], "w": 0}
     for s in queue:
         h = hit_of[s.id]
@@ -164,13 +168,18 @@ def dfs_weight_order(queue, hit_of) -> list:
         if h:
             ids, p = s.req.prefix_hashes, s.req.prefix_block_tokens
             cov = _covered(s)
-            steps = list(ids[:min(h, cov) // p])
+            chain = _chain(ids)
+            steps = [(x, chain[i]) for i, x in enumerate(ids[:min(h, cov) // p])]
             if min(h, cov) % p:
-                steps.append((ids[min(h, cov) // p], min(h, cov) % p))
+                j = min(h, cov) // p
+                steps.append(((ids[j], min(h, cov) % p), chain[j]))  # a split keeps the child's place
             if h > cov:
-                steps.append(("own", s.id))
-            for step in steps:
-                node = node["kids"].setdefault(step, {"kids": {}, "here": [], "w": 0})
+                steps.append((("own", s.id), ("own", s.id)))
+            for step, key in steps:
+                kid = node["kids"].get(step)
+                if kid is None:
+                    kid = node["kids"][step] = {"kids": {}, "here": [], "w": 0, "rank": created.get(key, inf)}
+                node = kid
                 node["w"] += 1
         node["here"].append(s)
     out: list = []
@@ -181,7 +190,7 @@ def dfs_weight_order(queue, hit_of) -> list:
             out.extend(node["here"])
             continue
         stack.append((node, True))
-        kids = sorted(node["kids"].values(), key=lambda k: -k["w"])  # stable: first seen first
+        kids = sorted(node["kids"].values(), key=lambda k: (-k["w"], k["rank"]))  # stable: then first seen
         stack.extend((k, False) for k in reversed(kids))
     return out
 
@@ -201,6 +210,7 @@ class SGLangPolicy(BasePolicy):
         self._decode_mark: int | None = None  # steps_done when the last unretracted decode plan was made
         self._queue: dict = {}  # SGLang's waiting queue, in its order: request id -> state
         self._full: set | None = None  # batch_is_full: the ids whose leaving clears it, or None
+        self._created: dict = {}  # radix child order: prefix-chain key -> rank of first insertion
 
     # --- bookkeeping --------------------------------------------------------------------------
     def is_steady(self, view) -> bool:
@@ -256,7 +266,7 @@ class SGLangPolicy(BasePolicy):
                 back = in_batch_deprioritized(queue, hit_of)
                 queue.sort(key=lambda s: float("inf") if s.id in back else -hit_of[s.id])
             else:
-                queue = dfs_weight_order(queue, hit_of)
+                queue = dfs_weight_order(queue, hit_of, self._created)
         else:
             return queue
         self._queue = {s.id: s for s in queue}
@@ -274,6 +284,8 @@ class SGLangPolicy(BasePolicy):
             self._full = None  # a request left the batch
         plan = self._prefill(view, decoding, chunked)
         if plan.items:
+            if self.knobs.schedule_policy == "dfs_weight":
+                self._note_inserted(plan)
             return plan
         if not running:  # idle: SGLang resets the ratio
             self.ratio = self.init_ratio
@@ -366,6 +378,19 @@ class SGLangPolicy(BasePolicy):
                 self._mark_full(view, plan)
                 break
         return plan
+
+    def _note_inserted(self, plan) -> None:
+        """Remember the order prefixes enter the radix tree (each prefilled request inserts its
+        prompt; a new child goes last among its siblings, radix_cache.py _insert_helper).
+        Eviction is not tracked: a re-inserted prefix keeps its first rank."""
+        created = self._created
+        for s, _ in plan.items:
+            if not s.req.prefix_hashes:
+                continue
+            p, cov = s.req.prefix_block_tokens, _covered(s)
+            for key in _chain(s.req.prefix_hashes[:-(-cov // p)]):
+                if key not in created:
+                    created[key] = len(created)
 
     @staticmethod
     def _fits_alone(view, s) -> bool:
