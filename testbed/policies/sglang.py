@@ -154,33 +154,41 @@ def dfs_weight_order(queue, hit_of, created=None) -> list:
     ends, nodes visited depth first with heavier subtrees (more waiting requests below) first,
     a node's own requests after its children (base_prefix_cache.py L347-387). The tree is the
     requests' cached prefixes spelled in trace prefix ids: a prefix ending inside a trace block
-    is a child of the whole blocks before it; a hit past the trace ids (a request re-hitting its
-    own tokens) is a leaf of its own. Equal weights keep the radix tree's child order, the order
-    the children were inserted (`created`: prefix-chain key -> insertion rank, kept by
-    SGLangPolicy._note_inserted); children not in it come after, in queue order."""
+    splits that block there (nodes nest by offset, as the radix tree splits a node where a match
+    ends); a hit past the trace ids (a request re-hitting its own tokens) is a leaf of its own.
+    Equal weights keep the radix tree's child order, the order the children were inserted
+    (`created`: prefix-chain key -> insertion rank, kept by SGLangPolicy._note_inserted);
+    children not in it come after, in queue order."""
     created = created or {}
     inf = float("inf")
-    root: dict = {"kids": {}, "here": [], "w": 0}
+    paths = []
+    cuts: dict = {}  # chain key of a trace block -> offsets inside it where some hit ends
     for s in queue:
         h = hit_of[s.id]
+        ids, p = s.req.prefix_hashes, s.req.prefix_block_tokens
+        cov = min(h, _covered(s)) if h else 0
+        chain = _chain(ids[:-(-cov // p)]) if cov else []
+        if cov % p:
+            cuts.setdefault(chain[-1], set()).add(cov % p)
+        paths.append((s, h, cov, p, chain))
+    root: dict = {"kids": {}, "here": [], "w": 0}
+    for s, h, cov, p, chain in paths:
         node = root
         node["w"] += 1
-        if h:
-            ids, p = s.req.prefix_hashes, s.req.prefix_block_tokens
-            cov = _covered(s)
-            chain = _chain(ids)
-            steps = [(x, chain[i]) for i, x in enumerate(ids[:min(h, cov) // p])]
-            if min(h, cov) % p:
-                j = min(h, cov) // p
-                steps.append(((ids[j], min(h, cov) % p), chain[j]))  # a split keeps the child's place
-            if h > cov:
-                steps.append((("own", s.id), ("own", s.id)))
-            for step, key in steps:
-                kid = node["kids"].get(step)
-                if kid is None:
-                    kid = node["kids"][step] = {"kids": {}, "here": [], "w": 0, "rank": created.get(key, inf)}
-                node = kid
-                node["w"] += 1
+        steps = []
+        for j, key in enumerate(chain):
+            end = min(p, cov - j * p)
+            # the radix tree splits a block where any hit ends inside it (match_prefix splits)
+            steps.extend((key, o) for o in sorted(cuts.get(key, ())) if o < end)
+            steps.append((key, end))
+        if h > cov:
+            steps.append((("own", s.id), 0))
+        for step in steps:
+            kid = node["kids"].get(step)
+            if kid is None:
+                kid = node["kids"][step] = {"kids": {}, "here": [], "w": 0, "rank": created.get(step[0], inf)}
+            node = kid
+            node["w"] += 1
         node["here"].append(s)
     out: list = []
     stack = [(root, False)]
