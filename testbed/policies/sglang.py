@@ -218,6 +218,7 @@ class SGLangPolicy(BasePolicy):
         self._decode_mark: int | None = None  # steps_done when the last unretracted decode plan was made
         self._queue: dict = {}  # SGLang's waiting queue, in its order: request id -> state
         self._full: set | None = None  # batch_is_full: the ids whose leaving clears it, or None
+        self._batch_pos: dict = {}  # request id -> its place in SGLang's running batch
         self._created: dict = {}  # radix child order: prefix-chain key -> rank of first insertion
 
     # --- bookkeeping --------------------------------------------------------------------------
@@ -287,6 +288,8 @@ class SGLangPolicy(BasePolicy):
         self._sync_queue(view)
         running = view.running
         decoding = [s for s in running if not s.is_prefill]
+        if self._batch_pos:  # SGLang's running-batch order: kept across steps, new ones appended
+            decoding.sort(key=lambda s: self._batch_pos.get(s.id, float("inf")))
         chunked = next((s for s in running if s.is_prefill), None)
         if self._full is not None and (not decoding or not self._full <= {s.id for s in running}):
             self._full = None  # a request left the batch
@@ -434,13 +437,13 @@ class SGLangPolicy(BasePolicy):
                 need -= view.blocks_needed(victim, 1)
                 free += view.reclaimable_blocks(victim)
                 self._queue[victim.id] = victim  # to the back of the waiting queue
-            kept = {s.id for s in keep}
-            decoding = [s for s in decoding if s.id in kept]
+            decoding = keep  # filter_batch(keep_indices=sorted order) reorders the batch (B L3532)
             generated = sum(s.num_generated for s in keep)
             max_new = sum(self._max_new(s) for s in keep)
             self.ratio = min(1.0, (generated + self.knobs.retract_decode_steps * len(keep)) / (max_new + 1))
             self._decode_mark = None  # no decay on a retracting step
             self._full = None  # the batch shrank
+        self._batch_pos = {s.id: i for i, s in enumerate(decoding)}
         for s in decoding[:view.token_budget]:
             plan.schedule(s, 1)
         return plan
