@@ -252,7 +252,7 @@ def main():
         print(f"wrote {a.out}: {len(lines)} scenarios, {n} steps")
         return
     with open(a.out) as f:
-        old = {json.loads(x)["name"]: x for x in f if x.strip()}
+        old = {json.loads(x)["name"]: x.strip() for x in f if x.strip()}
     new = {json.loads(x)["name"]: x for x in lines}
     bad = sorted(k for k in new.keys() | old.keys() if new.get(k) != old.get(k))
     for k in bad:

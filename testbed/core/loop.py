@@ -91,7 +91,7 @@ class StepLoop:
         self._preempted = 0  # preemptions of preempt-only plans not yet run, counted in the step that runs
         # kv.cache_decode_tokens="finished" (SGLang): prompt blocks a step computes enter the cache
         # when the step completes (the radix tree inserts a prefill's tokens after its forward:
-        # sglang 0.5.23 checkpoint_kv_cache, batch_result_processor.py L396-397, and a chunk at
+        # sglang 0.5.23 checkpoint_kv_cache, batch_result_processor.py L393-394, and a chunk at
         # the next step, scheduler.py L3915-3919), so a request later in the same step cannot hit them
         self._register_at_completion: list[tuple[RequestState, int]] = []
         self._on_arrival = getattr(policy, "on_arrival", None)
