@@ -99,7 +99,7 @@ def test_retraction_takes_the_latest_of_equals_re_estimates_the_ratio_and_requeu
 def test_a_retracted_request_goes_behind_the_requests_already_waiting():
     # As above, plus R2 (10 + 20) arriving at step 4: refused (31 < 20 fails), batch full. R1's
     # retraction at step 14 appends it behind R2 (S L3480-3495, L4539-4540), so once R0 finishes R2
-    # is admitted first, and R1 (21 < 42 - 31 - 10 fails) waits again.
+    # is admitted first, and R1 (22 tokens to recompute: its prompt was evicted) is refused and waits again.
     reqs = make_requests([(0.0, 10, 20), (0.005, 10, 20), (0.04, 10, 20)])
     _, steps, _ = run_sglang(reqs, 42, knobs={"ignore_eos": False, "init_new_token_ratio": 0.0})
     assert steps[13] == ([(0, 1)], [1])
