@@ -29,34 +29,42 @@ import torch  # noqa: E402
 from sglang.srt.runtime_context import get_context, get_schedule  # noqa: E402
 
 BOUND = set()
-DECODE_TOKEN = 7  # token id appended by every decode step
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCENARIOS_FILE = os.path.join(HERE, "scenarios.json")
+STEPS_FILE = os.path.join(HERE, "real_steps.jsonl")
+DECODE_TOKEN_BASE = 30000  # request i samples token DECODE_TOKEN_BASE + i at every decode step
+FIRST_TOKEN = 100  # prompt token ids are handed out from here, in scenario order
 
-SCENARIOS = {
-    # KV pressure: 3 requests whose decode outgrows the pool -> retract_decode.
-    # (admission reserves new_token_ratio*max_new = 0.7*100 per request; both
-    # then really grow to 110 tokens > 200/2)
-    "retract": dict(pool_tokens=200, page_size=1, chunked_prefill_size=64,
-                    max_prefill_tokens=64, policy="fcfs", max_running=8,
-                    reqs=[(0, list(range(100, 110)), 100), (0, list(range(200, 210)), 100),
-                          (0, list(range(300, 310)), 100)]),
-    # One long prompt split by chunked prefill; a short one arrives meanwhile.
-    "chunked": dict(pool_tokens=1024, page_size=1, chunked_prefill_size=64,
-                    max_prefill_tokens=64, policy="fcfs", max_running=8,
-                    reqs=[(0, list(range(1000, 1200)), 4), (1, list(range(2000, 2010)), 4)]),
-    # lpm ordering: a warm-up request caches a prefix; later arrivals that share
-    # it are admitted first under lpm.
-    "lpm": dict(pool_tokens=1024, page_size=1, chunked_prefill_size=512,
-                max_prefill_tokens=40, policy="lpm", max_running=8,
-                reqs=[(0, list(range(500, 532)), 1),
-                      (3, list(range(900, 930)), 2),
-                      (3, list(range(500, 532)) + [1, 2, 3], 2),
-                      (3, list(range(950, 980)), 2),
-                      (3, list(range(500, 532)) + [4, 5], 2)]),
-    # A request refused for KV (NO_TOKEN) and admitted once KV frees.
-    "refused": dict(pool_tokens=128, page_size=1, chunked_prefill_size=256,
-                    max_prefill_tokens=256, policy="fcfs", max_running=8,
-                    reqs=[(0, list(range(100, 160)), 30), (1, list(range(300, 360)), 8)]),
-}
+
+def prompt_tokens(scenario):
+    """Token ids per request, so that two requests share exactly what our trace model says they
+    share (testbed/core/kv.py `prefix_block_keys`): token t < min(prompt, len(ids) * B) of a
+    request with prefix ids `ids` (trace blocks of B = prefix_block_tokens tokens) is named by
+    (ids[:t // B + 1], t % B) -- equal across requests with the same ids up to that block; every
+    other prompt token is unique to its request. Ids are handed out in scenario order."""
+    next_id = [FIRST_TOKEN]
+    named = {}
+
+    def fresh():
+        next_id[0] += 1
+        return next_id[0] - 1
+
+    out = {}
+    for r in scenario["requests"]:
+        ids, b, n = tuple(r.get("prefix_ids", ())), r.get("prefix_block_tokens", 1), r["prompt_len"]
+        covered = min(n, len(ids) * b)
+        toks = []
+        for t in range(n):
+            if t < covered:
+                key = (ids[:t // b + 1], t % b)
+                if key not in named:
+                    named[key] = fresh()
+                toks.append(named[key])
+            else:
+                toks.append(fresh())
+        out[r["id"]] = toks
+    assert next_id[0] < DECODE_TOKEN_BASE, "scenario too large for the token id space"
+    return out
 
 
 def sglang_defaults():
@@ -107,14 +115,14 @@ def build(sc):
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
-    ps = sc["page_size"]
-    kv = MHATokenToKVPool(size=sc["pool_tokens"], page_size=ps, dtype=torch.float32, head_num=1,
+    ps, tokens, cap = sc["page_size"], sc["kv_tokens"], sc["max_running_requests"]
+    kv = MHATokenToKVPool(size=tokens, page_size=ps, dtype=torch.float32, head_num=1,
                           head_dim=1, layer_num=1, device="cpu", enable_memory_saver=False)
     if ps == 1:
-        alloc = TokenToKVPoolAllocator(sc["pool_tokens"], torch.float32, "cpu", kv, need_sort=False)
+        alloc = TokenToKVPoolAllocator(tokens, torch.float32, "cpu", kv, need_sort=False)
     else:
-        alloc = PagedTokenToKVPoolAllocator(sc["pool_tokens"], ps, torch.float32, "cpu", kv, need_sort=False)
-    r2t = ReqToTokenPool(size=sc["max_running"], max_context_len=4096, device="cpu",
+        alloc = PagedTokenToKVPoolAllocator(tokens, ps, torch.float32, "cpu", kv, need_sort=False)
+    r2t = ReqToTokenPool(size=cap, max_context_len=sc["context_len"] + 4, device="cpu",
                          enable_memory_saver=False)
     tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=r2t,
                                       token_to_kv_pool_allocator=alloc, page_size=ps))
@@ -122,12 +130,13 @@ def build(sc):
     h.__dict__.update(dict(
         waiting_queue=[], chunked_req=None, tree_cache=tree, token_to_kv_pool_allocator=alloc,
         req_to_token_pool=r2t, page_size=ps, max_prefill_tokens=sc["max_prefill_tokens"],
-        chunked_prefill_size=sc["chunked_prefill_size"], max_running_requests=sc["max_running"],
-        policy=SchedulePolicy(sc["policy"], tree, False, False, False),
+        chunked_prefill_size=sc["chunked_prefill_size"], max_running_requests=cap,
+        policy=SchedulePolicy(sc["schedule_policy"], tree, False, False, False),
         new_token_ratio_tracker=NewTokenRatioTracker.from_config(),
         running_batch=ScheduleBatch(reqs=[], batch_is_full=False),
     ))
     h.__dict__.update(_disabled_features())
+    h.model_config.context_len = sc["context_len"]
     return h
 
 
@@ -187,73 +196,145 @@ def _disabled_features():
     )
 
 
+def load_scenarios(path=SCENARIOS_FILE):
+    with open(path) as f:
+        return json.load(f)
+
+
+def run_scenario(sc, max_steps=2000):
+    """Run one scenario through the real scheduler; returns its list of step records."""
+    env = sc.get("env", {})
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: str(v) for k, v in env.items()})
+    ov = get_context().override_server_args(
+        page_size=sc["page_size"], chunked_prefill_size=sc["chunked_prefill_size"],
+        max_prefill_tokens=sc["max_prefill_tokens"], schedule_policy=sc["schedule_policy"],
+        max_running_requests=sc["max_running_requests"])
+    ov.install()
+    try:
+        # scheduler.py:1237-1243: pp micro-batch size defaults to max_running_requests (pp_size 1)
+        get_context().override("scheduler.pp_max_micro_batch_size_default",
+                               pp_max_micro_batch_size=max(sc["max_running_requests"], 1))
+        h = build(sc)
+        return run(h, sc, max_steps)
+    finally:
+        ov.restore()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
-    ap.add_argument("--max-steps", type=int, default=400)
+    ap.add_argument("--scenarios", default=SCENARIOS_FILE, help="JSON list of scenarios")
+    ap.add_argument("--scenario", help="run only this one and print its steps")
+    ap.add_argument("--out", default=STEPS_FILE, help="where to write the steps (one line per scenario)")
+    ap.add_argument("--check", action="store_true", help="re-run and diff against --out instead of writing it")
+    ap.add_argument("--max-steps", type=int, default=2000)
     a = ap.parse_args()
-    sc = SCENARIOS[a.scenario]
-    get_context().override_server_args(
-        page_size=sc["page_size"], chunked_prefill_size=sc["chunked_prefill_size"],
-        max_prefill_tokens=sc["max_prefill_tokens"], schedule_policy=sc["policy"],
-        max_running_requests=sc["max_running"]).install()
-    print(json.dumps({"scenario": a.scenario, "config": {k: v for k, v in sc.items() if k != "reqs"},
-                      "defaults": sglang_defaults()}))
-    # scheduler.py:1237-1243: pp micro-batch size defaults to max_running_requests (pp_size 1)
-    get_context().override("scheduler.pp_max_micro_batch_size_default",
-                           pp_max_micro_batch_size=max(sc["max_running"], 1))
-    h = build(sc)
-    run(h, sc, a.max_steps)
+    scenarios = load_scenarios(a.scenarios)
+    if a.scenario:
+        sc = next(s for s in scenarios if s["name"] == a.scenario)
+        print(json.dumps({"scenario": sc["name"], "defaults": sglang_defaults()}))
+        for rec in run_scenario(sc, a.max_steps):
+            print(json.dumps(rec))
+        return
+    lines = []
+    for sc in scenarios:
+        steps = run_scenario(sc, a.max_steps)
+        lines.append(json.dumps({"name": sc["name"], "steps": steps}))  # key order = batch order
+    if not a.check:
+        with open(a.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        n = sum(len(json.loads(x)["steps"]) for x in lines)
+        print(f"wrote {a.out}: {len(lines)} scenarios, {n} steps")
+        return
+    with open(a.out) as f:
+        old = {json.loads(x)["name"]: x.strip() for x in f if x.strip()}
+    new = {json.loads(x)["name"]: x for x in lines}
+    bad = sorted(k for k in new.keys() | old.keys() if new.get(k) != old.get(k))
+    for k in bad:
+        o = json.loads(old[k])["steps"] if k in old else None
+        n = json.loads(new[k])["steps"] if k in new else None
+        if o is None or n is None:
+            print(f"{k}: only in {'the re-run' if o is None else a.out}")
+            continue
+        d = next((i for i in range(max(len(o), len(n))) if i >= len(o) or i >= len(n) or o[i] != n[i]), None)
+        print(f"{k}: first difference at step record {d}:\n  committed {o[d] if d < len(o) else None}\n  re-run    {n[d] if d < len(n) else None}")
+    print("--check:", "all identical" if not bad else f"DIFFER in {len(bad)} scenario(s): {bad}")
+    sys.exit(1 if bad else 0)
 
 
-def make_req(i, ids, max_new):
+def make_req(rid, ids, max_new, ignore_eos):
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
-    sp = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
+    sp = SamplingParams(max_new_tokens=max_new, ignore_eos=ignore_eos)
     sp.normalize(None)
-    return Req(f"r{i}", "", array("q", ids), sp, vocab_size=32000)
+    return Req(str(rid), "", array("q", ids), sp, vocab_size=32000)
+
+
+def _fully_idle(h, last_batch):
+    """Scheduler.is_fully_idle (scheduler.py:5337-5355) for this harness's features."""
+    return (h.running_batch.is_empty() and h.chunked_req is None and not h.waiting_queue
+            and (last_batch is None or last_batch.is_empty()))
 
 
 def run(h, sc, max_steps):
-    from sglang.srt.mem_cache.common import release_kv_cache, checkpoint_kv_cache
-    pending = sorted(enumerate(sc["reqs"]), key=lambda x: x[1][0])
+    """The event loop (scheduler.py:2026-2059, non-overlap): arrivals due at this step, then
+    get_next_batch_to_run, then the batch's result; no batch -> on_idle, whose only scheduling
+    effect is NewTokenRatioTracker.reset() when fully idle (scheduler.py:5241-5318)."""
+    toks = prompt_tokens(sc)
+    index = {r["id"]: i for i, r in enumerate(sc["requests"])}
+    pending = sorted(sc["requests"], key=lambda r: r["arrival_step"])  # stable: file order
     last_batch = None
-    finished = set()
+    out = []
     for step in range(max_steps):
-        while pending and pending[0][1][0] <= step:  # arrivals (handle_generate_request)
-            i, (_, ids, mx) = pending.pop(0)
-            h._add_request_to_queue(make_req(i, ids, mx))
+        while pending and pending[0]["arrival_step"] <= step:  # arrivals (handle_generate_request)
+            r = pending.pop(0)
+            h._add_request_to_queue(make_req(r["id"], toks[r["id"]], r["output_len"], sc["ignore_eos"]))
         if not pending and not h.waiting_queue and h.running_batch.is_empty() \
                 and h.chunked_req is None and (last_batch is None or last_batch.is_empty()):
             break
-        before_tokens = {}
+        waiting_before = {id(r) for r in h.waiting_queue}
         plan = h.get_next_batch_to_run(h.running_batch, last_batch)
         h.running_batch = plan.running_batch
         batch = plan.batch_to_run
-        retracted = [r.rid for r in h.waiting_queue if r.is_retracted]
-        rec = {"step": step, "ratio": round(h.new_token_ratio_tracker.current, 6)}
+        # requests update_running_batch retracted this step (appended to the waiting queue)
+        retracted = [r.rid for r in h.waiting_queue if r.is_retracted and id(r) not in waiting_before]
+        rec = {"step": step}
         if batch is None:
-            rec.update(kind="idle")
+            rec.update(kind="idle", waiting=[r.rid for r in h.waiting_queue])
+            if _fully_idle(h, last_batch):
+                h.new_token_ratio_tracker.reset()
+            rec["ratio"] = round(h.new_token_ratio_tracker.current, 9)
             last_batch = None
-            print(json.dumps(rec))
+            out.append(rec)
             continue
         ext = batch.forward_mode.is_extend()
         rec["kind"] = "prefill" if ext else "decode"
         if ext:
             rec["tokens"] = {r.rid: r.extend_len for r in batch.reqs}
-            rec["cache_hit"] = {r.rid: r.prefix_len for r in batch.reqs}
+            # the cached prefix each request admitted from the waiting queue this step matched
+            # (a continuing chunked request is not an admission)
+            rec["cache_hit"] = {r.rid: r.prefix_len for r in batch.reqs if id(r) in waiting_before}
         else:
             rec["tokens"] = {r.rid: 1 for r in batch.reqs}
         rec["retracted"] = retracted
         rec["waiting"] = [r.rid for r in h.waiting_queue]
+        rec["ratio"] = round(h.new_token_ratio_tracker.current, 9)
         rec["free_kv"] = int(h.token_to_kv_pool_allocator.available_size())
-        _process_result(h, batch, ext)
+        _process_result(h, batch, ext, lambda req: DECODE_TOKEN_BASE + index[int(req.rid)])
         rec["finished"] = [r.rid for r in batch.reqs if r.finished()]
         last_batch = batch if ext else None
-        print(json.dumps(rec))
+        out.append(rec)
+    else:
+        raise RuntimeError(f"scenario {sc['name']}: not done after {max_steps} steps")
+    return out
 
 
-def _process_result(h, batch, ext):
+def _process_result(h, batch, ext, token_of):
     """No-model stand-in for the result processor (batch_result_processor.py)."""
     from sglang.srt.mem_cache.common import release_kv_cache, checkpoint_kv_cache
     for req in batch.reqs:
@@ -261,7 +342,7 @@ def _process_result(h, batch, ext):
             if req.finished() or req.is_retracted:
                 continue
             if req.inflight_middle_chunks <= 0:          # :351-392
-                req.output_ids.append(DECODE_TOKEN)
+                req.output_ids.append(token_of(req))
                 req.update_finish_state()
                 if req.finished():
                     release_kv_cache(req, h.tree_cache, checkpoint=True)
@@ -270,7 +351,7 @@ def _process_result(h, batch, ext):
             else:                                         # :426-428
                 req.inflight_middle_chunks -= 1
         else:                                             # :1010-1040
-            req.output_ids.extend([DECODE_TOKEN])
+            req.output_ids.extend([token_of(req)])
             req.update_finish_state(1)
             if req.finished():
                 release_kv_cache(req, h.tree_cache, checkpoint=True)

@@ -220,10 +220,18 @@ class BlockManager:
         cached, key_of = self._cached, self._key_of
         while i < min(full, len(keys)):
             key, b = keys[i], blocks[i]
-            if key in cached:
-                cached[key].append(b)
-            else:
+            holders = cached.get(key)
+            if holders is None:
                 cached[key] = [b]
+            elif not self.cache_decode:
+                # SGLang's radix tree already holds this content (a request prefilled in the same
+                # step inserted it first): the insert frees the duplicate and the request reads
+                # the tree's copy (radix_cache.py cache_unfinished_req / cache_finished_req)
+                self._swap_for_cached(blocks, i, holders[0])
+                i += 1
+                continue
+            else:
+                holders.append(b)
             key_of[b] = key
             i += 1
         if i < full:
@@ -238,6 +246,49 @@ class BlockManager:
         state.num_cached_blocks = i
 
     # --- allocation -------------------------------------------------------------------------
+    def evict_to_free(self, num_blocks: int) -> None:
+        """Drop cached content from free blocks, from the queue's head (evicted first), until at
+        least `num_blocks` free blocks cache nothing (SGLang's `evict_to_free_tokens`,
+        sglang 0.5.23 mem_cache/allocator/base.py L155-169)."""
+        queue, own_rid, key_of = self._queue, self._own_rid, self._key_of
+        uncached = sum(1 for b in queue if own_rid[b] < 0 and b not in key_of)
+        if uncached >= num_blocks:
+            return
+        for b in list(queue):
+            if uncached >= num_blocks:
+                break
+            rid = own_rid[b]
+            if rid >= 0:
+                # content only request `rid` has is one leaf of SGLang's radix tree, and the
+                # tree evicts whole leaves (radix_cache.py evict): drop all of it that is free
+                for c in queue:
+                    if own_rid[c] == rid:
+                        own_rid[c] = -1
+                        uncached += 1
+                continue
+            elif b in key_of:
+                key = key_of.pop(b)
+                holders = self._cached[key]
+                holders.remove(b)
+                if not holders:
+                    del self._cached[key]
+            else:
+                continue
+            uncached += 1
+
+    def _swap_for_cached(self, blocks: list[int], i: int, other: int) -> None:
+        """Hold cached block `other` in place of blocks[i], which is freed uncached."""
+        ref, queue = self._ref, self._queue
+        b = blocks[i]
+        if ref[other] == 0:
+            del queue[other]
+        ref[other] += 1
+        blocks[i] = other
+        ref[b] -= 1
+        if ref[b] == 0:
+            queue[b] = None
+            queue.move_to_end(b, last=False)
+
     def _grab(self, blocks: list[int], need: int) -> None:
         """Append `need` blocks from the free queue's head to `blocks` (evicting what they
         cached); capacity was checked."""

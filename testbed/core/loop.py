@@ -89,6 +89,11 @@ class StepLoop:
         self._is_steady = getattr(policy, "is_steady", None)
         self._pending_swaps: tuple[list | None, int] = (None, 0)  # (swap-outs, blocks moved) not yet run
         self._preempted = 0  # preemptions of preempt-only plans not yet run, counted in the step that runs
+        # kv.cache_decode_tokens="finished" (SGLang): prompt blocks a step computes enter the cache
+        # when the step completes (the radix tree inserts a prefill's tokens after its forward:
+        # sglang 0.5.23 checkpoint_kv_cache, batch_result_processor.py L393-394, and a chunk at
+        # the next step, scheduler.py L3915-3919), so a request later in the same step cannot hit them
+        self._register_at_completion: list[tuple[RequestState, int]] = []
         self._on_arrival = getattr(policy, "on_arrival", None)
         self._on_finish = getattr(policy, "on_finish", None)
 
@@ -172,6 +177,8 @@ class StepLoop:
                 swap_out = swap_out or []
                 swap_out.append((s, list(s.blocks)))
             self._preempt(s, mode, shape)
+            if plan.keep_free and s.req.id in plan.keep_free:
+                self.kv.evict_to_free(-(-plan.keep_free[s.req.id] // self.kv.block_size))
         admitted = 0
         kv = self.kv
         bs = kv.block_size
@@ -194,7 +201,10 @@ class StepLoop:
             if s.num_computed + n > len(s.blocks) * bs:
                 self._guard_kv(kv.allocate, s, n)
             if (s.num_computed + n) // bs > s.num_cached_blocks and (kv.cache_decode or s.is_prefill):
-                kv.register(s, s.num_computed + n)  # cached when scheduled, as vLLM's allocate_slots does
+                if kv.cache_decode:
+                    kv.register(s, s.num_computed + n)  # cached when scheduled, as vLLM's allocate_slots does
+                else:
+                    self._register_at_completion.append((s, s.num_computed + n))
         if admitted:
             self._drop_admitted_from_waiting(admitted)
         return swap_out, swap_in, admitted
@@ -252,6 +262,11 @@ class StepLoop:
         """Advance every request in the batch by its tokens; sample, stamp, finish."""
         self.series.duration.append(now - batch.start)
         self.num_steps += len(batch.ends) if batch.ends is not None else 1
+        if self._register_at_completion:
+            for s, upto in self._register_at_completion:
+                if s.status is _RUNNING:
+                    self.kv.register(s, upto)
+            self._register_at_completion = []
         if batch.ends is not None:
             self._complete_run(batch)
             return
@@ -397,6 +412,7 @@ class StepLoop:
         self.running = []
         self._pending_swaps = (None, 0)
         self._preempted = 0
+        self._register_at_completion = []
 
 
 @dataclass

@@ -23,6 +23,10 @@ class Plan:
 
     items: list[tuple[RequestState, int]] = field(default_factory=list)
     preempt: list[tuple[RequestState, str]] = field(default_factory=list)
+    # request id -> KV tokens to have free (uncached) right after that recompute preemption,
+    # evicting cached free blocks, least recently released first (SGLang's retract_decode
+    # evicts 20 tokens per request kept: sglang 0.5.23 schedule_batch.py L2389-2392)
+    keep_free: dict[int, int] | None = None
 
     def schedule(self, state: RequestState, num_tokens: int) -> None:
         self.items.append((state, num_tokens))

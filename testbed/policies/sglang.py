@@ -16,8 +16,10 @@ Prefill (`_get_new_batch_prefill_raw`, S L4079-4330):
 - Nothing is admitted while the batch is marked full (`batch_is_full`, S L4100): it is set when
   an admission finds no KV (`AddReqResult.NO_TOKEN`, S L4266-4270) or the running-request cap
   is reached (S L4115-4118, L4224-4232), and cleared only when a request leaves the running
-  batch (finishes or is retracted: S L3962-3964, L4544) or the batch empties (S L4093). A
-  request being chunked continues regardless.
+  batch (finishes or is retracted: S L3962-3964, L4544) or the batch empties (S L4093). The flag
+  lives on the running batch, so a refusal while no request is decoding is forgotten by the next
+  step (S L3952-3955 replaces the empty batch, L4093-4096). A request being chunked continues
+  regardless.
 - Orders (`SchedulePolicy.calc_priority`, P L213-280): `fcfs` (queue order); `lpm`: longest
   cached prefix first, and a request whose cached prefix is at most 32 tokens but which shares
   at least 32 tokens with a request earlier in the queue goes last, so one request caches a
@@ -38,7 +40,10 @@ Prefill (`_get_new_batch_prefill_raw`, S L4079-4330):
   one page and `min(max_new, 4096)` (`reserve` M L156-168, `_commit_prefill_admission`
   P L1685-1705). A prompt above the chunk budget is cut to it, page-aligned, and reserves no
   output yet (P L1640-1668); it becomes the one chunked request. The first refusal ends the
-  step's admissions; so does a spent chunk or input budget (`budget_state`, P L874-893).
+  step's admissions; so does a spent chunk or input budget (`budget_state`, P L874-893). The
+  chunk budget is `chunked_prefill_size` (P L639, L1611) and only it cuts a prompt; the input
+  budget (`max_prefill_tokens`) only stops further admissions once spent, so a step may hold up
+  to max_prefill_tokens - 1 + a chunk (the preset's engine cap leaves room for that).
 - The running-request cap is SGLang's own (`resolve_max_num_reqs`,
   mem_cache/kv_cache_configurator.py L3119-3132): KV tokens / context length * 512, clipped to
   [2048, 4096], at most half the KV tokens.
@@ -53,17 +58,28 @@ and more until the rest's next tokens fit, never the last one; the ratio becomes
 `(init - min) / 600` per decode step down to `min = init * 0.14` (R L21-34, E L646-648); it is
 reset to `init` (0.7 x `schedule_conservativeness`) when the scheduler idles (S L5318).
 
-KV (`kv.cache_decode_tokens=finished`, set by this preset): prompt tokens enter the cache once
-computed, decode tokens when the request finishes; a retracted request's decode tokens are
-freed uncached, its prompt stays cached (`release_req`, B L2360-2395).
+KV (`kv.cache_decode_tokens=finished`, set by this preset): prompt tokens enter the cache when
+the step that computes them completes (checkpoint_kv_cache after the forward), so a request
+later in the same step cannot hit them, and a request whose same-step neighbour inserted the
+same prefix first frees its duplicate and reads the tree's copy; decode tokens enter the cache
+when the request finishes. A retracted request's decode tokens are freed uncached, its prompt
+is released to the cache, and the cache is then evicted until 20 tokens per request still
+running are free (`release_req`, B L2360-2395), whole leaves at a time (its own prompt goes
+whole). The running batch keeps SGLang's order (new requests appended; a retraction reorders it
+to the retraction sort, B L3532), which is the stable-sort tie-break of the next retraction.
+
+Checked step by step against SGLang's real scheduler code on 41 scenarios
+(experiments/sglang_referee, tests/test_sglang_referee.py).
 
 Not modelled: mixed chunked prefill, priority scheduling and priority preemption, the
-`hrrn`/`random`/`routing-key`/`shortest-prefill-first` orders, the eviction of 20 tokens per
-kept request that a retraction triggers at once (B L2391-2392), LRU by access time (the
-cache evicts in vLLM's free-queue order: a finished request's path is re-stamped when
-`cache_finished_req` inserts it, so the two agree except on what a retraction releases), the
-freeing of a request's duplicate KV when a same-step neighbour inserted the same prefix
-first, and an out-of-memory chunk continuation (SGLang would fail; here the step decodes).
+`hrrn`/`random`/`routing-key`/`shortest-prefill-first` orders, the overlap schedule (SGLang's
+default runs the scheduler one step ahead of the GPU), eviction by last access time (the cache
+evicts in vLLM's free-queue order, block by block except a request's own content, which goes as
+one leaf; 7 referee scenarios differ on which cached tokens survive), the dfs_weight tree
+forgetting evicted nodes (a re-inserted prefix keeps its first place among its siblings), the
+clipping of max_new_tokens to the context at arrival (modelled in `_max_new`, but SGLang would
+then also stop the request early), and an out-of-memory chunk continuation (SGLang would fail;
+here the step decodes).
 """
 from __future__ import annotations
 
@@ -91,6 +107,10 @@ class SGLangKnobs(PolicyKnobs):
     new_token_ratio_decay_steps: int = bounded(600, ge=1)  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
     retract_decode_steps: int = bounded(20, ge=0)  # SGLANG_RETRACT_DECODE_STEPS
     clip_max_new_tokens: int = bounded(4096, ge=1)  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+    # --max-prefill-tokens: admissions stop once a step's prefill tokens reach it (budget_state,
+    # P L883); the last admission may pass it by up to a chunk, so the engine's token cap
+    # (scheduler.max_num_batched_tokens) must leave room above it
+    max_prefill_tokens: int = bounded(16384, ge=1)
     max_running_requests: int = bounded(0, ge=0)  # 0: SGLang's rule from the KV size and context length
     # requests as a trace replay sends them (sglang.benchmark.serving sets ignore_eos, serving.py
     # L628): each stops at its trace length and the scheduler knows it (ratio 1 for it, P L787)
@@ -146,29 +166,46 @@ def in_batch_deprioritized(queue, hit_of) -> set:
     return out
 
 
-def dfs_weight_order(queue, hit_of) -> list:
+def dfs_weight_order(queue, hit_of, created=None) -> list:
     """SGLang's dfs_weight order: each request placed at the radix node where its cached prefix
     ends, nodes visited depth first with heavier subtrees (more waiting requests below) first,
-    ties in the order the subtrees first appear in the queue, a node's own requests after its
-    children (base_prefix_cache.py L347-387). The tree is the requests' cached prefixes spelled
-    in trace prefix ids: a prefix ending inside a trace block is a child of the whole blocks
-    before it; a hit past the trace ids (a request re-hitting its own tokens) is a leaf of its own."""
-    root: dict = {"kids": {}, "here": [], "w": 0}
+    a node's own requests after its children (base_prefix_cache.py L347-387). The tree is the
+    requests' cached prefixes spelled in trace prefix ids: a prefix ending inside a trace block
+    splits that block there (nodes nest by offset, as the radix tree splits a node where a match
+    ends); a hit past the trace ids (a request re-hitting its own tokens) is a leaf of its own.
+    Equal weights keep the radix tree's child order, the order the children were inserted
+    (`created`: prefix-chain key -> insertion rank, kept by SGLangPolicy._note_inserted);
+    children not in it come after, in queue order."""
+    created = created or {}
+    inf = float("inf")
+    paths = []
+    cuts: dict = {}  # chain key of a trace block -> offsets inside it where some hit ends
     for s in queue:
         h = hit_of[s.id]
+        ids, p = s.req.prefix_hashes, s.req.prefix_block_tokens
+        cov = min(h, _covered(s)) if h else 0
+        chain = _chain(ids[:-(-cov // p)]) if cov else []
+        if cov % p:
+            cuts.setdefault(chain[-1], set()).add(cov % p)
+        paths.append((s, h, cov, p, chain))
+    root: dict = {"kids": {}, "here": [], "w": 0}
+    for s, h, cov, p, chain in paths:
         node = root
         node["w"] += 1
-        if h:
-            ids, p = s.req.prefix_hashes, s.req.prefix_block_tokens
-            cov = _covered(s)
-            steps = list(ids[:min(h, cov) // p])
-            if min(h, cov) % p:
-                steps.append((ids[min(h, cov) // p], min(h, cov) % p))
-            if h > cov:
-                steps.append(("own", s.id))
-            for step in steps:
-                node = node["kids"].setdefault(step, {"kids": {}, "here": [], "w": 0})
-                node["w"] += 1
+        steps = []
+        for j, key in enumerate(chain):
+            end = min(p, cov - j * p)
+            # the radix tree splits a block where any hit ends inside it (match_prefix splits)
+            steps.extend((key, o) for o in sorted(cuts.get(key, ())) if o < end)
+            steps.append((key, end))
+        if h > cov:
+            steps.append((("own", s.id), 0))
+        for step in steps:
+            kid = node["kids"].get(step)
+            if kid is None:
+                kid = node["kids"][step] = {"kids": {}, "here": [], "w": 0, "rank": created.get(step[0], inf)}
+            node = kid
+            node["w"] += 1
         node["here"].append(s)
     out: list = []
     stack = [(root, False)]
@@ -178,7 +215,7 @@ def dfs_weight_order(queue, hit_of) -> list:
             out.extend(node["here"])
             continue
         stack.append((node, True))
-        kids = sorted(node["kids"].values(), key=lambda k: -k["w"])  # stable: first seen first
+        kids = sorted(node["kids"].values(), key=lambda k: (-k["w"], k["rank"]))  # stable: then first seen
         stack.extend((k, False) for k in reversed(kids))
     return out
 
@@ -198,6 +235,8 @@ class SGLangPolicy(BasePolicy):
         self._decode_mark: int | None = None  # steps_done when the last unretracted decode plan was made
         self._queue: dict = {}  # SGLang's waiting queue, in its order: request id -> state
         self._full: set | None = None  # batch_is_full: the ids whose leaving clears it, or None
+        self._batch_pos: dict = {}  # request id -> its place in SGLang's running batch
+        self._created: dict = {}  # radix child order: prefix-chain key -> rank of first insertion
 
     # --- bookkeeping --------------------------------------------------------------------------
     def is_steady(self, view) -> bool:
@@ -255,7 +294,7 @@ class SGLangPolicy(BasePolicy):
                 back = in_batch_deprioritized(queue, hit_of)
                 queue.sort(key=lambda s: float("inf") if s.id in back else -hit_of[s.id])
             else:
-                queue = dfs_weight_order(queue, hit_of)
+                queue = dfs_weight_order(queue, hit_of, self._created)
         else:
             return queue
         self._queue = {s.id: s for s in queue}
@@ -268,11 +307,15 @@ class SGLangPolicy(BasePolicy):
         self._sync_queue(view)
         running = view.running
         decoding = [s for s in running if not s.is_prefill]
+        if self._batch_pos:  # SGLang's running-batch order: kept across steps, new ones appended
+            decoding.sort(key=lambda s: self._batch_pos.get(s.id, float("inf")))
         chunked = next((s for s in running if s.is_prefill), None)
         if self._full is not None and (not decoding or not self._full <= {s.id for s in running}):
             self._full = None  # a request left the batch
         plan = self._prefill(view, decoding, chunked)
         if plan.items:
+            if self.knobs.schedule_policy == "dfs_weight":
+                self._note_inserted(plan)
             return plan
         if not running:  # idle: SGLang resets the ratio
             self.ratio = self.init_ratio
@@ -293,21 +336,23 @@ class SGLangPolicy(BasePolicy):
         ratio_of = (lambda s: 1.0) if k.ignore_eos else (lambda s: self.ratio)
         rem_total = view.free_blocks * bs - sum(
             min(self._max_new(s) - s.num_generated, k.clip_max_new_tokens) * ratio_of(s) for s in decoding)
-        rem_input = view.token_budget
-        rem_chunk = min(k.chunked_prefill_size, view.token_budget) if k.chunked_prefill_size else None
+        rem_input = k.max_prefill_tokens  # PrefillAdder(rem_input_tokens=max_prefill_tokens), S L4157-4164
+        rem_chunk = k.chunked_prefill_size or None  # rem_chunk_tokens = chunked_prefill_size (P L639), not capped by rem_input
+        cap = view.token_budget  # the engine's own limit on a step's tokens (not SGLang's: keep it above)
         free = view.free_blocks  # what the loop can allocate (SGLang's budget guarantees it)
 
         if chunked is not None:  # add_chunked_req, P L1140-1222
-            chunk = rem_chunk if rem_chunk is not None else view.token_budget
-            avail = min(chunk, int(rem_total))
+            chunk = rem_chunk if rem_chunk is not None else cap
+            avail = min(chunk, int(rem_total))  # available_chunk_tokens, M L139-142
             limit = avail if avail > 0 else chunk
-            n = min(chunked.remaining, limit, rem_input)
+            n = min(chunked.remaining, limit, cap)
             while n > 0 and view.blocks_needed(chunked, n) > free:
                 n = min(n - 1, (len(chunked.blocks) + free) * bs - chunked.num_computed)
             if n <= 0:
                 return plan  # no KV for its next chunk: decode (SGLang would run out of memory)
             truncated = n < chunked.remaining
             plan.schedule(chunked, n)
+            cap -= n
             free -= view.blocks_needed(chunked, n)
             rem_total -= page(n) + bs + (0 if truncated else min(self._max_new(chunked), k.clip_max_new_tokens))
             rem_input -= page(n)
@@ -343,13 +388,14 @@ class SGLangPolicy(BasePolicy):
             if rem_chunk is None and plan.items and page(extend) >= rem_input:
                 break  # OTHER: without chunking only the first request may pass the input cap
             n, reserve_out = extend, min(self._max_new(s), k.clip_max_new_tokens)
-            limit = rem_chunk if rem_chunk is not None else rem_input
+            limit = min(rem_chunk, cap) if rem_chunk is not None else cap
             if page(extend) > limit:  # chunk it, page-aligned (P L1640-1668)
                 n = (hit + limit // bs * bs) // bs * bs - hit
                 if n <= 0:
                     break
                 reserve_out = 0
             plan.schedule(s, n)
+            cap -= n
             pinned.update(revived)
             free -= view.blocks_needed(s, n)
             rem_total -= page(n) + bs + reserve_out + len(revived) * bs
@@ -363,11 +409,30 @@ class SGLangPolicy(BasePolicy):
                 break
         return plan
 
+    def _note_inserted(self, plan) -> None:
+        """Remember the order prefixes enter the radix tree (each prefilled request inserts its
+        prompt; a new child goes last among its siblings, radix_cache.py _insert_helper).
+        Eviction is not tracked: a re-inserted prefix keeps its first rank."""
+        created = self._created
+        for s, _ in plan.items:
+            if not s.req.prefix_hashes:
+                continue
+            p, cov = s.req.prefix_block_tokens, _covered(s)
+            for key in _chain(s.req.prefix_hashes[:-(-cov // p)]):
+                if key not in created:
+                    created[key] = len(created)
+
     @staticmethod
     def _fits_alone(view, s) -> bool:
         return s.req.total_len <= view.num_blocks * view.block_size
 
     def _mark_full(self, view, plan) -> None:
+        """batch_is_full is a flag on SGLang's running batch (S L4125, L4232, L4282). On an
+        empty running batch it is lost: the next step either replaces that batch with the
+        prefill batch just run (S L3952-3955) or clears the flag (S L4093-4096). So only a
+        refusal with requests already decoding holds admission."""
+        if not any(not s.is_prefill for s in view.running):
+            return
         self._full = {s.id for s in view.running} | {s.id for s, _ in plan.items}
 
     def _decode(self, view, plan: Plan, decoding) -> Plan:
@@ -383,16 +448,21 @@ class SGLangPolicy(BasePolicy):
                 first = False
                 victim = keep.pop()
                 plan.preempt_request(victim)
+                # release_req evicts the cache until 20 tokens per request still kept are free
+                # (B L2389-2392): usually the victim's own just-released prompt
+                if plan.keep_free is None:
+                    plan.keep_free = {}
+                plan.keep_free[victim.id] = self.knobs.retract_decode_steps * len(keep)
                 need -= view.blocks_needed(victim, 1)
                 free += view.reclaimable_blocks(victim)
                 self._queue[victim.id] = victim  # to the back of the waiting queue
-            kept = {s.id for s in keep}
-            decoding = [s for s in decoding if s.id in kept]
+            decoding = keep  # filter_batch(keep_indices=sorted order) reorders the batch (B L3532)
             generated = sum(s.num_generated for s in keep)
             max_new = sum(self._max_new(s) for s in keep)
             self.ratio = min(1.0, (generated + self.knobs.retract_decode_steps * len(keep)) / (max_new + 1))
             self._decode_mark = None  # no decay on a retracting step
             self._full = None  # the batch shrank
+        self._batch_pos = {s.id: i for i, s in enumerate(decoding)}
         for s in decoding[:view.token_budget]:
             plan.schedule(s, 1)
         return plan
