@@ -251,30 +251,35 @@ class BlockManager:
         least `num_blocks` free blocks cache nothing (SGLang's `evict_to_free_tokens`,
         sglang 0.5.23 mem_cache/allocator/base.py L155-169)."""
         queue, own_rid, key_of = self._queue, self._own_rid, self._key_of
-        uncached = sum(1 for b in queue if own_rid[b] < 0 and b not in key_of)
-        if uncached >= num_blocks:
-            return
-        for b in list(queue):
+        uncached = 0
+        for b in queue:  # usually enough uncached blocks sit at the head: stop there
+            if own_rid[b] < 0 and b not in key_of:
+                uncached += 1
+                if uncached >= num_blocks:
+                    return
+        leaves = None  # request -> its free blocks caching content only it has
+        for b in queue:
             if uncached >= num_blocks:
                 break
             rid = own_rid[b]
             if rid >= 0:
                 # content only request `rid` has is one leaf of SGLang's radix tree, and the
                 # tree evicts whole leaves (radix_cache.py evict): drop all of it that is free
-                for c in queue:
-                    if own_rid[c] == rid:
-                        own_rid[c] = -1
-                        uncached += 1
-                continue
+                if leaves is None:
+                    leaves = {}
+                    for c in queue:
+                        if own_rid[c] >= 0:
+                            leaves.setdefault(own_rid[c], []).append(c)
+                for c in leaves.pop(rid, ()):
+                    own_rid[c] = -1
+                    uncached += 1
             elif b in key_of:
                 key = key_of.pop(b)
                 holders = self._cached[key]
                 holders.remove(b)
                 if not holders:
                     del self._cached[key]
-            else:
-                continue
-            uncached += 1
+                uncached += 1
 
     def _swap_for_cached(self, blocks: list[int], i: int, other: int) -> None:
         """Hold cached block `other` in place of blocks[i], which is freed uncached."""
