@@ -274,12 +274,16 @@ class BlockManager:
                     own_rid[c] = -1
                     uncached += 1
             elif b in key_of:
-                key = key_of.pop(b)
-                holders = self._cached[key]
-                holders.remove(b)
-                if not holders:
-                    del self._cached[key]
+                self._drop_key(b)
                 uncached += 1
+
+    def _drop_key(self, b: int) -> None:
+        """Block `b` no longer caches its shared content."""
+        key = self._key_of.pop(b)
+        holders = self._cached[key]
+        holders.remove(b)
+        if not holders:
+            del self._cached[key]
 
     def _swap_for_cached(self, blocks: list[int], i: int, other: int) -> None:
         """Hold cached block `other` in place of blocks[i], which is freed uncached."""
@@ -303,11 +307,7 @@ class BlockManager:
             if own_rid[b] >= 0:
                 own_rid[b] = -1
             elif b in key_of:
-                key = key_of.pop(b)
-                holders = self._cached[key]
-                holders.remove(b)
-                if not holders:
-                    del self._cached[key]
+                self._drop_key(b)
             ref[b] = 1
             blocks.append(b)
 
