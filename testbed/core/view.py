@@ -85,6 +85,11 @@ class SchedulerView:
             return self._kv.match_prefix(s)
         return 0
 
+    def block_keys(self, s: RequestState) -> tuple[int, ...]:
+        """Content keys of the request's full blocks inside its trace's shared prefix: two
+        requests' blocks at one index hold the same tokens when their keys are equal."""
+        return self._kv.prefix_keys(s)
+
     def num_new_tokens(self, s: RequestState) -> int:
         """Tokens the request can compute now: the rest of its prefill, or 1 for a decode."""
         if s.status is Status.WAITING and not s.blocks:

@@ -85,7 +85,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.core.kv import prefix_block_keys
 from testbed.core.plan import RECOMPUTE, Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
 from testbed.core.request import Status
@@ -145,14 +144,13 @@ class TRTLLMPolicy(BasePolicy):
         its prompt not yet cached is one an earlier request this step will compute."""
         if not view.waiting:
             return None
-        kv = view.kv_preview().kv
-        if not kv.enable_prefix_caching:
+        if not view.prefix_caching:
             return None
         bs = view.block_size
         contributed: set[int] = set()
         for s in view.running:  # chunked contexts already executing (CAP:33-67)
             if s.is_prefill and s.num_computed:
-                keys = kv.prefix_keys(s)
+                keys = view.block_keys(s)
                 j = s.num_computed // bs
                 if j < len(keys):
                     contributed.add(keys[j])
@@ -160,7 +158,7 @@ class TRTLLMPolicy(BasePolicy):
         def skip(s) -> bool:
             if s.status is not Status.WAITING:
                 return False
-            keys = kv.prefix_keys(s)
+            keys = view.block_keys(s)
             j = view.prefix_hit_tokens(s) // bs
             if j >= len(keys):
                 return False  # all its shared blocks are cached; the rest is its own
