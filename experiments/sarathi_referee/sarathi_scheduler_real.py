@@ -75,7 +75,7 @@ class Driver:
 
         class SeqManager(BaseSequenceManager):
             """The engine's EngineSequenceManager less what serves the model only: block tables
-            are for workers, _on_append_token detokenizes (engine_sequence_manager.py:172-196)."""
+            are for workers, _on_append_token detokenizes (engine_sequence_manager.py:21-45)."""
 
             def _get_block_table(self, seq):
                 return []

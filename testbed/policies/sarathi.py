@@ -8,6 +8,10 @@ Sarathi-Serve", OSDI 2024 (Algorithm 1), and its code, microsoft/sarathi-serve a
   the vLLM one, sarathi_block_space_manager.py:6-7 and vllm_block_space_manager.py:12-13:
   a request's initial blocks are its whole known sequence), CF = config/config.py.
 
+Checked step by step against Sarathi-Serve's real SarathiScheduler, block space manager and
+sequence manager (imported from the source, no model): experiments/sarathi_referee/ and
+tests/test_sarathi_referee.py, identical on every scenario where Sarathi-Serve finishes.
+
 Each step, with `chunk` = `token_budget` (Sarathi's `chunk_size`, CF:246-248):
 1. Running requests are sorted by arrival, oldest first (SS:124; FCFS priority
    `now - arrival_time`, core/policy.py:15-34) and walked in that order (SS:130-160). A
