@@ -26,6 +26,8 @@ no dynamic chunking, arrival ties broken by id (as the policy).
 """
 from __future__ import annotations
 
+import random
+
 
 class RefSeq:
     def __init__(self, rid: int, arrival: float, prompt_len: int, max_tokens: int):
@@ -171,3 +173,18 @@ class RefSarathi:
         self.running = [s for s in self.running if s.id not in finished]
         self.step_no += 1
         return finished
+
+
+def random_scenario(seed):
+    """One seeded draw of a small scenario under a tight cache (the policy's random test and the
+    real-code referee's scenarios both use it): (requests as (arrival step, prompt, output),
+    blocks, block size, chunk, max_num_seqs), or None when no drawn request fits the cache."""
+    rng = random.Random(seed)
+    bs = rng.choice([1, 2, 4, 16])
+    nb = rng.choice([6, 8, 12, 16, 24, 100, 120])
+    chunk = rng.choice([2, 3, 5, 8, 16, 512])
+    reqs = sorted((rng.randint(0, 8), rng.randint(1, 40), rng.randint(1, 25)) for _ in range(rng.randint(1, 8)))
+    reqs = [r for r in reqs if -(-(r[1] + r[2]) // bs) <= nb]
+    if not reqs:
+        return None
+    return reqs, nb, bs, chunk, rng.choice([2, 4, 128])

@@ -12,13 +12,11 @@ each request gets in every step and the requests preempted.
 """
 from __future__ import annotations
 
-import random
-
 from hydra import compose, initialize_config_dir
 
 from conftest import FixedCost
 from testbed.app.cli import CONF_DIR  # registers the config schemas
-from sarathi_reference import RefSarathi, RefSeq
+from sarathi_reference import RefSarathi, RefSeq, random_scenario
 from testbed.core.kv import BlockManager
 from testbed.core.loop import SchedulerLimits, StepLoop
 from testbed.core.request import Request, Status
@@ -151,15 +149,10 @@ def test_random_scenarios_match_the_reference_model():
     when a step that preempted admits nothing)."""
     preemptions = readmitted = 0
     for seed in range(600):
-        rng = random.Random(seed)
-        bs = rng.choice([1, 2, 4, 16])
-        nb = rng.choice([6, 8, 12, 16, 24, 100, 120])
-        chunk = rng.choice([2, 3, 5, 8, 16, 512])
-        reqs = sorted((rng.randint(0, 8), rng.randint(1, 40), rng.randint(1, 25)) for _ in range(rng.randint(1, 8)))
-        reqs = [r for r in reqs if -(-(r[1] + r[2]) // bs) <= nb]
-        if not reqs:
+        drawn = random_scenario(seed)
+        if drawn is None:
             continue
-        ours, theirs = run_both(reqs, nb, bs, chunk, rng.choice([2, 4, 128]))
+        ours, theirs = run_both(*drawn)
         assert ours == theirs, (seed, next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b))
         preemptions += sum(len(p) for _, p in ours)
         readmitted += sum(1 for i, (items, p) in enumerate(ours) if set(p) & set(items))

@@ -42,19 +42,6 @@ CRAFTED = [
 ]
 
 
-def random_scenario(seed):
-    """tests/test_policies_sarathi.py::test_random_scenarios_match_the_reference_model's draw."""
-    rng = random.Random(seed)
-    bs = rng.choice([1, 2, 4, 16])
-    nb = rng.choice([6, 8, 12, 16, 24, 100, 120])
-    chunk = rng.choice([2, 3, 5, 8, 16, 512])
-    reqs = sorted((rng.randint(0, 8), rng.randint(1, 40), rng.randint(1, 25)) for _ in range(rng.randint(1, 8)))
-    reqs = [r for r in reqs if -(-(r[1] + r[2]) // bs) <= nb]
-    if not reqs:
-        return None
-    return reqs, nb, bs, chunk, rng.choice([2, 4, 128])
-
-
 def wide_random_scenario(seed):
     """A wider draw (more requests, arrival ties, max_num_seqs down to 1, chunk down to 1)."""
     rng = random.Random(seed)
@@ -69,7 +56,8 @@ def wide_random_scenario(seed):
 def main():
     import sys
     sys.path.insert(0, os.path.join(HERE, "..", "..", "tests"))
-    from sarathi_reference import RefSarathi, RefSeq  # only to pick seeds with pressure
+    # the random test's draw, and its reference model only to pick seeds with pressure
+    from sarathi_reference import RefSarathi, RefSeq, random_scenario
 
     picked, want = [], {"preempt": 8, "prefill_victim": 6, "max_num_seqs": 4, "watermark": 4}
     for seed in range(600):
@@ -79,7 +67,7 @@ def main():
         reqs, nb, bs, chunk, mns = drawn
         ref = RefSarathi(nb, bs, chunk, mns)
         tags = set()
-        step, seqs = 0, {}
+        step = 0
         while step < 500 and (step <= max(a for a, _, _ in reqs) or ref.running or ref.waiting):
             for i, (a, p, o) in enumerate(reqs):
                 if a == step:
