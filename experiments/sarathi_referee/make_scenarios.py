@@ -16,8 +16,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests"))
+# the policy's random test's draw, and its reference model (only to pick seeds with pressure)
+from sarathi_reference import RefSarathi, RefSeq, random_scenario  # noqa: E402
 
 
 def scenario(name, reqs, num_blocks, block_size, chunk_size, max_num_seqs=128):
@@ -54,10 +58,6 @@ def wide_random_scenario(seed):
 
 
 def main():
-    import sys
-    sys.path.insert(0, os.path.join(HERE, "..", "..", "tests"))
-    # the random test's draw, and its reference model only to pick seeds with pressure
-    from sarathi_reference import RefSarathi, RefSeq, random_scenario
 
     picked, want = [], {"preempt": 8, "prefill_victim": 6, "max_num_seqs": 4, "watermark": 4}
     for seed in range(600):
