@@ -16,6 +16,11 @@ from testbed.core.plan import RECOMPUTE, SWAP, Plan
 from testbed.core.request import RequestState, Status
 
 
+def arrival_order(s: RequestState) -> tuple[float, int]:
+    """Sort key: arrival, then request id (the FCFS order of systems that sort by arrival time)."""
+    return (s.req.arrival, s.req.id)
+
+
 @dataclass
 class StepBudget:
     """What is left of this step as a policy fills it."""

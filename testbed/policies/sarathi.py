@@ -76,6 +76,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.core.bounds import bounded
+from testbed.policies._passes import arrival_order
 from testbed.core.plan import RECOMPUTE, Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
 
@@ -128,7 +129,7 @@ class SarathiPolicy(BasePolicy):
         self._victims = {}
         plan = Plan()
         chunk = min(self.knobs.token_budget, view.token_budget)
-        rest = sorted(view.running, key=_arrival_order)  # SS:124
+        rest = sorted(view.running, key=arrival_order)  # SS:124
         prefill = {s.req.id: self._in_prefill(s) for s in rest}
         # Sarathi's free blocks: partial prefills hold their whole prompt from admission
         free = view.free_blocks - sum(view.blocks_needed(s, s.remaining) for s in rest if prefill[s.req.id])
@@ -195,6 +196,3 @@ class SarathiPolicy(BasePolicy):
                 self._prefill_end[s.req.id] = s.known_len
         return plan
 
-
-def _arrival_order(s) -> tuple[float, int]:
-    return (s.req.arrival, s.req.id)

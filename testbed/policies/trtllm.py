@@ -85,6 +85,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed.policies._passes import arrival_order
 from testbed.core.plan import RECOMPUTE, Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
 from testbed.core.request import Status
@@ -107,9 +108,6 @@ class TRTLLMKnobs(PolicyKnobs):
         if self.chunking_policy not in CHUNKING:
             raise ValueError(f"policy.chunking_policy={self.chunking_policy!r}: expected one of {CHUNKING}")
 
-
-def _arrival(s) -> tuple[float, int]:
-    return (s.req.arrival, s.req.id)
 
 
 def _generating(s) -> bool:
@@ -255,7 +253,7 @@ class TRTLLMPolicy(BasePolicy):
 
     def schedule(self, view) -> Plan:
         plan = Plan()
-        active = sorted(view.running + view.waiting, key=_arrival)
+        active = sorted(view.running + view.waiting, key=arrival_order)
         if self.knobs.mode == "max_utilization":
             fitting = self._max_utilization(view, active, plan)
         else:
