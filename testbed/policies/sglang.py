@@ -338,13 +338,13 @@ class SGLangPolicy(BasePolicy):
         rem_input = k.max_prefill_tokens  # PrefillAdder(rem_input_tokens=max_prefill_tokens), S L4157-4164
         rem_chunk = k.chunked_prefill_size or None  # rem_chunk_tokens = chunked_prefill_size (P L639), not capped by rem_input
         cap = view.token_budget  # the engine's own limit on a step's tokens (not SGLang's: keep it above)
-        free = view.free_blocks  # what the loop can allocate (SGLang's budget guarantees it)
 
         if chunked is not None:  # add_chunked_req, P L1140-1222
             chunk = rem_chunk if rem_chunk is not None else cap
             avail = min(chunk, int(rem_total))  # available_chunk_tokens, M L139-142
             limit = avail if avail > 0 else chunk
             n = min(chunked.remaining, limit, cap)
+            free = view.free_blocks  # what the loop can allocate (admissions below: SGLang's budget guarantees it)
             while n > 0 and view.blocks_needed(chunked, n) > free:
                 n = min(n - 1, (len(chunked.blocks) + free) * bs - chunked.num_computed)
             if n <= 0:
@@ -352,7 +352,6 @@ class SGLangPolicy(BasePolicy):
             truncated = n < chunked.remaining
             plan.schedule(chunked, n)
             cap -= n
-            free -= view.blocks_needed(chunked, n)
             rem_total -= page(n) + bs + (0 if truncated else min(self._max_new(chunked), k.clip_max_new_tokens))
             rem_input -= page(n)
             if rem_chunk is not None:
@@ -389,14 +388,13 @@ class SGLangPolicy(BasePolicy):
             n, reserve_out = extend, min(self._max_new(s), k.clip_max_new_tokens)
             limit = min(rem_chunk, cap) if rem_chunk is not None else cap
             if page(extend) > limit:  # chunk it, page-aligned (P L1640-1668)
-                n = (hit + limit // bs * bs) // bs * bs - hit
+                n = limit // bs * bs  # the hit is whole pages, so the chunk's end is page-aligned
                 if n <= 0:
                     break
                 reserve_out = 0
             plan.schedule(s, n)
             cap -= n
             pinned.update(revived)
-            free -= view.blocks_needed(s, n)
             rem_total -= page(n) + bs + reserve_out + len(revived) * bs
             rem_input -= page(n)
             if rem_chunk is not None:
