@@ -16,7 +16,7 @@ from omegaconf import MISSING, OmegaConf
 from testbed.engine.profile_config import ProfileConfig
 from testbed.app.metrics import SLO
 from testbed.core.bounds import bounded
-from testbed.core.specs import HardwareSpec, ModelSpec
+from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 
 @dataclass
@@ -159,6 +159,7 @@ class TestbedConfig:
     logger: LoggerConfig = MISSING
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv: KVConfig = field(default_factory=KVConfig)
+    parallel: ParallelSpec = field(default_factory=ParallelSpec)  # tensor / pipeline parallel GPUs per replica
     output: OutputConfig = field(default_factory=OutputConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # testbed-profile's grid

@@ -36,6 +36,20 @@ class ModelSpec:
     # true: random weights (timings depend on shapes only), with these shapes, or the checkpoint's
     # config.json when one is given; false: the checkpoint's safetensors weights
     random_weights: bool = True
+    # mixture of experts (0 experts: a dense model). Every layer's MLP is then `num_experts` experts of
+    # `moe_intermediate_size` (null: intermediate_size), `num_experts_per_tok` routed per token, plus a
+    # shared expert of `shared_expert_intermediate_size` (0: none) that every token runs (Qwen2-MoE, Llama-4)
+    num_experts: int = bounded(0, ge=0)
+    num_experts_per_tok: int = bounded(0, ge=0)
+    moe_intermediate_size: Optional[int] = bounded(None, ge=1)
+    shared_expert_intermediate_size: int = bounded(0, ge=0)
+    # a local Hugging Face config.json (file or folder; nothing is downloaded): its shapes replace the
+    # ones above (testbed.core.specs.resolve_model_spec)
+    config_json: Optional[str] = None
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def dtype_bytes(self) -> int:
@@ -90,6 +104,24 @@ class ModelSpec:
 
 
 @dataclass
+class ParallelSpec:
+    """How one replica spreads over GPUs, as vLLM's `--tensor-parallel-size` / `--pipeline-parallel-size`:
+    tensor parallelism splits every layer's heads and MLP columns across `tensor_parallel_size` GPUs
+    (an all-reduce after attention and after the MLP); pipeline parallelism gives each of
+    `pipeline_parallel_size` GPU groups a contiguous slice of the layers."""
+
+    tensor_parallel_size: int = bounded(1, ge=1)
+    pipeline_parallel_size: int = bounded(1, ge=1)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def validate(self) -> None:
+        check_ranges(self, "parallel")
+
+
+@dataclass
 class HardwareSpec:
     """Achievable (not datasheet) rates, with efficiency factors for real kernels.
 
@@ -107,6 +139,12 @@ class HardwareSpec:
     attention_efficiency: float = bounded(0.5, gt=0, le=1)
     step_overhead_s: float = bounded(0.0009, ge=0)  # launch, sampling, host bookkeeping per step (CUDA graphs on)
     host_link_bandwidth: float = bounded(25e9, gt=0)  # bytes/s device<->host for swap
+    # GPU-to-GPU link (NVLink, or PCIe on cards without it): bytes/s one direction per GPU, and latency per
+    # transfer; tensor-parallel all-reduces and pipeline-stage hand-offs use it
+    interconnect_bandwidth: float = bounded(450e9, gt=0)
+    interconnect_latency_s: float = bounded(10e-6, ge=0)
+    # the GPU's name in the measured kernel database (cost_model=kernels; aiconfigurator-core's systems/data/<name>)
+    kernel_db_gpu: Optional[str] = None
 
     def validate(self) -> None:
         check_ranges(self, "hardware")
