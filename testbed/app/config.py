@@ -148,6 +148,19 @@ class FidelityConfig:
 
 
 @dataclass
+class ValidateConfig:
+    """`testbed-validate`: real runs replayed in the simulator (testbed/app/validate_runs.py)."""
+
+    runs: Optional[str] = None  # a folder of run folders in inference-perf's format (testbed/app/real_runs.py)
+    fit: list[str] = field(default_factory=list)  # numeric config keys to fit to the runs (least squares)
+    leave_one_model_out: bool = True  # with fit: score each model with the keys fitted on the others
+    fit_iterations: int = bounded(2, ge=1)  # Gauss-Newton linearisations (each: 1 + len(fit) replays of every run)
+    jobs: Optional[int] = bounded(None, ge=1)  # runs simulated in parallel (null: one per CPU)
+    stage_gap_s: float = bounded(60.0, gt=0)  # idle time between stages (the load generator waits for a stage to drain)
+    drain_s: float = bounded(300.0, gt=0)  # the clock stops this long after the last stage (overloaded runs never drain)
+
+
+@dataclass
 class TestbedConfig:
     trace: TraceConfig = MISSING
     policy: Any = MISSING
@@ -164,6 +177,7 @@ class TestbedConfig:
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # testbed-profile's grid
     fidelity: FidelityConfig = field(default_factory=FidelityConfig)  # testbed-fidelity's repeats
+    validate: ValidateConfig = field(default_factory=ValidateConfig)  # testbed-validate's real runs
     seed: int = bounded(0, ge=0)  # numpy and torch seeds are non-negative
 
 

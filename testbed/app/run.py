@@ -162,12 +162,14 @@ class Setup:
                         record_token_times=cfg.output.record_token_times)
 
 
-def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int | None = None) -> Setup:
+def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int | None = None,
+            requests: list[Request] | None = None) -> Setup:
+    """`requests`: a workload built by the caller (testbed-validate rebuilds a real run's), instead of cfg.trace."""
     model = model or _obj(cfg.model, ModelSpec)
     hw = _obj(cfg.hardware, HardwareSpec)
     slo = _obj(cfg.slo, SLO)
     slo.validate()
-    reqs, load_rejects = build_requests(cfg.trace, cfg.seed)
+    reqs, load_rejects = (requests, []) if requests is not None else build_requests(cfg.trace, cfg.seed)
     cost = build_cost_model(cfg, model, hw)
     blocks = device_blocks if device_blocks is not None else device_kv_blocks(cfg, model, hw)
     host_blocks = int(cfg.kv.swap_space_gb * 1e9 // (cfg.kv.block_size * model.kv_bytes_per_token))
@@ -198,12 +200,14 @@ def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, 
     return RunResult(table, steps_frame([l.series for l in loops]), summary, time.perf_counter() - t0)
 
 
-def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None) -> RunResult:
-    """Simulate the config's run; `stop()` turning true ends it early (interrupted) between steps."""
+def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: ModelSpec | None = None,
+             requests: list[Request] | None = None) -> RunResult:
+    """Simulate the config's run; `stop()` turning true ends it early (interrupted) between steps.
+    `model` and `requests` replace the config's model and trace (see `prepare`)."""
     t0 = time.perf_counter()
     if cfg.backend.name != "sim":
         raise ValueError(f"backend.name={cfg.backend.name!r}: simulate() runs backend=sim")
-    setup = prepare(cfg)
+    setup = prepare(cfg, model=model, requests=requests)
     with progress_bar(cfg, setup.requests) as progress:
         sim = Simulation(setup.requests, lambda: setup.make_loop(cfg), setup.cost, cfg.backend.replicas,
                          cfg.backend.router, cfg.backend.horizon_s, cfg.backend.fast_forward, progress)
