@@ -98,6 +98,10 @@ class BackendConfig:
     horizon_s: Optional[float] = bounded(None, gt=0)
     # merge steady decode steps into one event (exact; see StepLoop.extend_decode_run)
     fast_forward: bool = field(default=True, metadata={"sim_only": "the engine runs every step on the wall clock"})
+    # vLLM's async scheduling (its default since 0.14): step N+1 is planned while step N runs, so an
+    # arrival during a step waits one more step (testbed/sim/simulation.py)
+    async_scheduling: bool = field(default=False, metadata={
+        "sim_only": "the engine plans each step after the previous one's outputs; backend=vllm runs vLLM's own setting"})
     # backend=engine only
     device: str = "auto"  # auto (cuda when available), cuda, cuda:N or cpu
     dtype: Optional[str] = None  # null: the model's dtype

@@ -7,7 +7,8 @@ generator of kubernetes-sigs/inference-perf, used for the H100 runs in
 
 - `exp-config.yaml`: the server (`model`, `tensor_parallelism`, optional
   `pipeline_parallelism`, `max_model_len`, `max_num_batched_tokens`, `max_num_seqs`,
-  optional `gpu_memory_utilization` (default 0.9, vLLM's));
+  optional `gpu_memory_utilization` (default 0.9, vLLM's) and `async_scheduling` (default true:
+  vLLM's default since 0.14; the calibration runs are vLLM 0.15.1));
 - `results/config.yaml`: what the load generator resolved: `data.shared_prefix`
   (`num_groups`, `num_prompts_per_group`, `system_prompt_len`, `question_len`, `output_len`)
   and `load.stages` (`rate`, `duration`);
@@ -80,6 +81,7 @@ class RealRun:
     max_num_batched_tokens: int
     max_num_seqs: int
     gpu_memory_utilization: float
+    async_scheduling: bool
     workload: SharedPrefixWorkload
     stages: tuple[Stage, ...]
 
@@ -120,6 +122,7 @@ def load_run(path: str | Path) -> RealRun:
         max_num_batched_tokens=int(_key(exp, "max_num_batched_tokens", d / "exp-config.yaml")),
         max_num_seqs=int(_key(exp, "max_num_seqs", d / "exp-config.yaml")),
         gpu_memory_utilization=float(exp.get("gpu_memory_utilization", 0.9)),
+        async_scheduling=bool(exp.get("async_scheduling", True)),
         workload=workload, stages=stages)
 
 

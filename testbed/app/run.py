@@ -210,7 +210,8 @@ def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: Mod
     setup = prepare(cfg, model=model, requests=requests)
     with progress_bar(cfg, setup.requests) as progress:
         sim = Simulation(setup.requests, lambda: setup.make_loop(cfg), setup.cost, cfg.backend.replicas,
-                         cfg.backend.router, cfg.backend.horizon_s, cfg.backend.fast_forward, progress)
+                         cfg.backend.router, cfg.backend.horizon_s, cfg.backend.fast_forward, progress,
+                         cfg.backend.async_scheduling)
         with gc_paused():
             return finish(cfg, setup, sim.run(stop), "sim", t0)
 

@@ -6,7 +6,7 @@
 Why: a simulated number is worth what the simulator's error on real runs is. Each run
 (`testbed.app.real_runs`) is rebuilt exactly: its model from its own config.json, its tensor
 and pipeline parallelism, its scheduler limits (max_num_batched_tokens, max_num_seqs,
-max_model_len) and gpu_memory_utilization, and its workload (`testbed.traces.shared_prefix`:
+max_model_len), gpu_memory_utilization and async scheduling, and its workload (`testbed.traces.shared_prefix`:
 the shared-prefix prompt groups in their cycling order, the stage rates and durations, the
 output lengths); every other key (GPU, cost model, front end, policy, KV) is this command's
 config. Per load stage it compares the client-side means the load generator measured (TTFT,
@@ -71,6 +71,7 @@ def run_config(cfg: DictConfig, run: RealRun, values: dict[str, float] | None = 
         c.scheduler.max_num_seqs = run.max_num_seqs
         c.scheduler.max_model_len = run.max_model_len
         c.kv.memory_utilization = run.gpu_memory_utilization
+        c.backend.async_scheduling = run.async_scheduling
         c.model.config_json = str(run.model_config)
         c.output.progress = False
         # an overloaded stage's queue would take (simulated) hours to drain: stop the clock

@@ -5,6 +5,14 @@ server process per replica repeats plan -> `yield env.timeout(step_time)` -> com
 The simulator contributes only the clock and the cost model's step time: one SimPy event
 per engine step (and one per arrival), never one per token.
 
+`async_scheduling` is vLLM's (on by default since vLLM 0.14: `VllmConfig`'s check of
+`scheduler_config.async_scheduling is None`, vllm/config/vllm.py L1585-1644 of 0.32): the
+engine core schedules step N+1 as soon as step N is launched, before its outputs are back
+(`EngineCore.step_with_batch_queue`, vllm/v1/engine/core.py L698), so a request that arrives
+while step N runs is first seen by the schedule of step N+2: one more step of TTFT. Here an
+arrival during a step is held back until the next step has been planned. (The other effect,
+a finished request's one wasted decode in the step already scheduled, is not modelled.)
+
 `run(stop)` ends early, cleanly, once `stop()` turns true (a signal raised it): the
 processes look at it only between steps and before an arrival, so every request's state is
 consistent; finished requests keep their results and the rest are marked interrupted.
@@ -46,7 +54,8 @@ def gc_paused():
 class Simulation:
     def __init__(self, requests: Sequence[Request], make_loop: Callable[[], StepLoop], cost_model: CostModel,
                  replicas: int = 1, router: str = "round_robin", horizon_s: float | None = None,
-                 fast_forward: bool = True, progress: Callable[[float, int], None] | None = None):
+                 fast_forward: bool = True, progress: Callable[[float, int], None] | None = None,
+                 async_scheduling: bool = False):
         if replicas < 1:
             raise ValueError(f"sim.replicas={replicas}: must be >= 1")
         if router not in ROUTERS:
@@ -59,6 +68,9 @@ class Simulation:
         self.router = router
         self.horizon_s = horizon_s
         self.fast_forward = fast_forward
+        self.async_scheduling = async_scheduling
+        self._in_step = [False] * replicas
+        self._held: list[list[Request]] = [[] for _ in range(replicas)]  # arrived during the step in flight
         self.progress = progress  # called with (simulated time, requests delivered) now and then
         self.env = simpy.Environment()
         self._idle: list[simpy.Event | None] = [None] * replicas
@@ -81,6 +93,8 @@ class Simulation:
             except _Stopped:
                 interrupted = True
         reason = "interrupted" if interrupted else "stalled" if self.stalled else "unfinished at the horizon"
+        for i in range(len(self.loops)):
+            self._release(i)  # held back at the end: delivered, so counted with their replica
         for loop in self.loops:
             if loop.has_work:
                 loop.abandon(reason)
@@ -95,9 +109,12 @@ class Simulation:
             if self._stop():
                 raise _Stopped
             i = self._route()
-            self.loops[i].arrive(req, env.now)
+            if self._in_step[i] and self.async_scheduling:
+                self._held[i].append(req)
+            else:
+                self.loops[i].arrive(req, env.now)
+                self._wake(i)
             self._delivered += 1
-            self._wake(i)
             if self.progress is not None and not self._delivered & 1023:
                 self.progress(env.now, self._delivered)
         self._arrivals_done = True
@@ -110,6 +127,10 @@ class Simulation:
             if self._stop():
                 raise _Stopped
             batch = loop.plan(env.now) if loop.has_work else None
+            if self._held[i]:  # seen by the plan after this one
+                self._release(i)
+                if batch is None:
+                    continue
             if batch is None:
                 if self._arrivals_done:
                     if loop.has_work:  # work left, nothing scheduled, nothing will ever arrive
@@ -119,10 +140,12 @@ class Simulation:
                 self._idle[i] = env.event()
                 yield self._idle[i]
                 continue
+            self._in_step[i] = True
             if self.fast_forward and loop.extend_decode_run(batch, step_time, self._next_arrival(), self._horizon):
                 yield env.timeout(batch.ends[-1] - env.now)
             else:
                 yield env.timeout(step_time(batch.shape))
+            self._in_step[i] = False
             loop.complete(batch, env.now)
 
     @property
@@ -131,6 +154,11 @@ class Simulation:
 
     def _next_arrival(self) -> float:
         return self.requests[self._delivered].arrival if self._delivered < len(self.requests) else float("inf")
+
+    def _release(self, i: int) -> None:
+        for req in self._held[i]:
+            self.loops[i].arrive(req, self.env.now)
+        self._held[i].clear()
 
     def _wake(self, i: int) -> None:
         ev = self._idle[i]
