@@ -19,8 +19,7 @@ from testbed.sim.kernel_db import KernelDB, LogGrid
 def _groups(db: KernelDB, op: str):
     """(axes columns, latency in s, work exponents) per independent table slice of an op."""
     if op == "gemm":
-        df = db._read("gemm", ["m", "n", "k"], [("kernel_source", "==", db.sources["gemm"]),
-                                                ("gemm_dtype", "==", "bfloat16")])
+        df = db._read("gemm", ["m", "n", "k"], [("gemm_dtype", "==", "bfloat16")], source="gemm")
         df = df.groupby(["m", "n", "k"], as_index=False).latency.median()
         yield [df.m.values, df.n.values, df.k.values], df.latency.values * 1e-3, (1, 1, 1)
     elif op in ("context_attention", "generation_attention"):

@@ -15,19 +15,21 @@ MoE tokens linearly, i.e. by FLOPs or bytes; context attention quadratically in 
 length; decode attention and all-reduce linearly), below its bottom the latency stays at the
 smallest measured one (a launch floor).
 
-Which table versions a GPU ends up with (version=None: the newest present per GPU and op), vllm,
-aiconfigurator-core 0.12.0:
+Which table versions a GPU ends up with (version=None: the newest version holding the framework's
+preferred kernel, else the newest whose rows come from one kernel source), vllm, aiconfigurator-core
+0.12.0 ('-': no usable table: a model needing that op fails with the reason):
 
 | GPU (kernel_db_gpu) | gemm | attention | moe | all-reduce |
 | --- | --- | --- | --- | --- |
-| a100_sxm | 0.14.0 | 0.14.0 | 0.14.0 | 0.14.0 |
-| h100_sxm | 0.24.0 | 0.24.0 | 0.24.0 | 0.24.0 |
+| h100_sxm (hardware=h100) | 0.24.0 | 0.24.0 | 0.24.0 | 0.24.0 |
 | h200_sxm | 0.24.0 | 0.24.0 | 0.24.0 | 0.24.0 |
-| b200_sxm, b300_sxm, gb200, rtx_pro_6000_server | 0.24.0 | 0.24.0 | 0.24.0 | 0.24.0 |
-| gb300 | 0.24.0 | 0.24.0 | 0.24.0 | 0.27.0 |
+| a100_sxm | 0.14.0 | 0.14.0 | - (no balanced rows) | 0.14.0 |
+| b200_sxm | 0.24.0 | 0.22.0 | 0.22.0 | 0.24.0 |
 | l40s | 0.24.0 | 0.24.0 | 0.24.0 | 0.22.0 |
-| b60 | 0.26.0 | 0.26.0 | 0.26.0 | 0.26.0 |
-| a100_pcie, a30, h100_pcie, l4 | - | - | - | - (no vllm tables) |
+| rtx_pro_6000_server | 0.24.0 | 0.24.0 | 0.24.0 | 0.24.0 |
+| b300_sxm, gb200, gb300 | 0.24.0 | - | - | 0.24.0 (gb300: 0.27.0) |
+| b60 | 0.26.0 | 0.26.0 | - | - |
+| a100_pcie, a30, h100_pcie, l4 | - | - | - | - |
 
 (`python -m testbed.sim.kernel_db` prints the table for every GPU in the installed package.)
 """
@@ -44,14 +46,15 @@ import numpy as np
 INSTALL_HINT = ("cost_model=kernels needs measured kernel tables: pip install 'llm-sched-testbed[kernels]' "
                 "(aiconfigurator-core)")
 
-# per framework: which measured kernel each op uses by default (the one the framework runs for an
-# unquantised bf16 model), and the all-reduce table's name and backend
+# per framework: which measured kernel each op uses, in order of preference (the one the framework runs for
+# an unquantised bf16 model first); a table holding a single kernel source for the op uses that one
 FRAMEWORKS = {
-    "vllm": dict(gemm="torch.nn.functional.linear", attention="vllm_flash_attn_fa3",
-                 moe="vllm_unquantizedfusedmoe_triton_tritonexperts", allreduce_backend="vllm_graph"),
-    "sglang": dict(gemm="sglang_torch_linear", attention="fa3", moe="sglang_fused_moe_triton",
-                   allreduce_backend="sglang_graph"),
-    "trtllm": dict(gemm="torch_flow", attention="torch_flow", moe="moe_torch_flow_cutlass", allreduce_backend=None),
+    "vllm": dict(gemm=("torch.nn.functional.linear",), attention=("vllm_flash_attn_fa3",),
+                 moe=("vllm_unquantizedfusedmoe_triton_tritonexperts",), allreduce_backend="vllm_graph"),
+    "sglang": dict(gemm=("sglang_torch_linear", "sglang"), attention=("fa3", "triton"),
+                   moe=("sglang_fused_moe_triton",), allreduce_backend="sglang_graph"),
+    "trtllm": dict(gemm=("torch_flow",), attention=("torch_flow",), moe=("moe_torch_flow_cutlass", "moe_torch_flow"),
+                   allreduce_backend=None),
 }
 OPS = {  # op -> (folder, file)
     "gemm": ("gemm", "gemm_perf.parquet"),
@@ -236,51 +239,83 @@ class KernelDB:
         if framework not in FRAMEWORKS:
             raise KernelDBError(f"framework {framework!r}: expected one of {sorted(FRAMEWORKS)}")
         self.root, self.gpu, self.framework, self.requested_version = root, gpu, framework, version
-        self.sources = {**FRAMEWORKS[framework], **(kernel_sources or {})}
+        self.sources = {**FRAMEWORKS[framework], **{op: (v,) if isinstance(v, str) and op != "allreduce_backend" else v
+                                                    for op, v in (kernel_sources or {}).items()}}
         self.versions: dict[str, str] = {}
+        self.sources_used: dict[str, str] = {}
 
     # ---------------------------------------------------------------- reading
-    def _path(self, op: str) -> Path:
+    def _candidates(self, op: str) -> list[Path]:
+        """The op's table files, newest version first (only the requested one when a version is set)."""
         folder, file = OPS[op]
         fw_dir = self.root / self.gpu / folder / self.framework
-        present = sorted((p.name for p in fw_dir.iterdir() if (p / file).is_file()), key=_version_key) \
-            if fw_dir.is_dir() else []
+        present = sorted((p.name for p in fw_dir.iterdir() if (p / file).is_file()), key=_version_key,
+                         reverse=True) if fw_dir.is_dir() else []
         if not present:
             have = sorted(p.name for p in (self.root / self.gpu / folder).iterdir()
                           if p.is_dir()) if (self.root / self.gpu / folder).is_dir() else []
             raise KernelDBError(f"{self.gpu} has no {op} table for framework {self.framework!r} ({file}); "
                                 f"frameworks with {folder} tables there: {', '.join(have) or 'none'}")
         if self.requested_version is None:
-            version = present[-1]
-        elif self.requested_version in present:
-            version = self.requested_version
-        else:
-            raise KernelDBError(f"{self.gpu} {self.framework} has no {op} table of version "
-                                f"{self.requested_version!r}; versions: {', '.join(present)}")
-        self.versions[op] = version
-        return fw_dir / version / file
+            return [fw_dir / v / file for v in present]
+        if self.requested_version in present:
+            return [fw_dir / self.requested_version / file]
+        raise KernelDBError(f"{self.gpu} {self.framework} has no {op} table of version "
+                            f"{self.requested_version!r}; versions: {', '.join(present)}")
 
-    def _read(self, op: str, columns: list[str], filters: list[tuple]):
+    def _read(self, op: str, columns: list[str], filters: list[tuple], source: Optional[str] = None):
+        """Rows of the newest table version that has them: only `columns` (and latency), only rows matching
+        `filters` (a filter on a column an older table lacks is dropped: e.g. no window_size means no
+        sliding window) and, with `source`, of the op's preferred kernel source: the newest version
+        measuring one of the preferred sources, else the newest whose rows come from a single source."""
         import pandas as pd
+        import pyarrow.parquet as pq
 
-        path = self._path(op)
-        df = pd.read_parquet(path, columns=columns + ["latency"], filters=filters or None)
-        if df.empty:
-            raise KernelDBError(f"{path}: no rows where {' and '.join(f'{c} {o} {v!r}' for c, o, v in filters)}")
-        return df
+        why, tables = [], []
+        for path in self._candidates(op):
+            names = set(pq.read_schema(path).names)
+            use = [f for f in filters if f[0] in names]
+            rule = " and ".join(f"{c} {o} {v!r}" for c, o, v in use) or "no filter"
+            avail = set(pd.read_parquet(path, columns=["kernel_source"], filters=use or None).kernel_source.unique()) \
+                if source is not None else {None}
+            if not avail:
+                why.append(f"{path.parent.name}: no rows where {rule}")
+                continue
+            tables.append((path, names, use, avail))
+        if source is not None:
+            wanted = self.sources[source]
+            chosen = next(((t, k) for t in tables for k in wanted if k in t[3]), None) \
+                or next(((t, next(iter(t[3]))) for t in tables if len(t[3]) == 1), None)
+            if chosen is None:
+                why += [f"{t[0].parent.name}: kernel sources {sorted(t[3])}, none of {list(wanted)}" for t in tables]
+                raise KernelDBError(f"{self.gpu} {self.framework} {op}: no usable table ({'; '.join(why)})")
+            (path, names, use, _), pick = chosen
+            use = use + [("kernel_source", "==", pick)]
+            self.sources_used[op] = pick
+        elif tables:
+            path, names, use, _ = tables[0]
+        else:
+            raise KernelDBError(f"{self.gpu} {self.framework} {op}: no usable table ({'; '.join(why)})")
+        self.versions[op] = path.parent.name
+        return pd.read_parquet(path, columns=[c for c in columns if c in names] + ["latency"], filters=use or None)
+
+    def _path(self, op: str) -> Path:
+        """The newest table file of an op (its version recorded in `versions`)."""
+        path = self._candidates(op)[0]
+        self.versions[op] = path.parent.name
+        return path
 
     # ---------------------------------------------------------------- tables
     @functools.cached_property
     def gemm_grid(self) -> LogGrid:
-        df = self._read("gemm", ["m", "n", "k"], [("kernel_source", "==", self.sources["gemm"]),
-                                                  ("gemm_dtype", "==", "bfloat16")])
+        df = self._read("gemm", ["m", "n", "k"], [("gemm_dtype", "==", "bfloat16")], source="gemm")
         df = df.groupby(["m", "n", "k"], as_index=False).latency.median()
         return LogGrid.from_rows([df.m.values, df.n.values, df.k.values], df.latency.values * 1e-3, up=(1, 1, 1))
 
     def _attention_rows(self, op: str):
         cols = ["batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim"]
-        return self._read(op, cols, [("kernel_source", "==", self.sources["attention"]),
-                                     ("kv_cache_dtype", "==", "bfloat16"), ("window_size", "==", 0)])
+        return self._read(op, cols, [("kv_cache_dtype", "==", "bfloat16"), ("window_size", "==", 0)],
+                          source="attention")
 
     @functools.cached_property
     def _context_rows(self):
@@ -314,8 +349,8 @@ class KernelDB:
     @functools.cached_property
     def _moe_rows(self):
         return self._read("moe", ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size"],
-                          [("kernel_source", "==", self.sources["moe"]), ("moe_dtype", "==", "bfloat16"),
-                           ("distribution", "==", "balanced"), ("moe_ep_size", "==", 1)])
+                          [("moe_dtype", "==", "bfloat16"), ("distribution", "==", "balanced"), ("moe_ep_size", "==", 1)],
+                          source="moe")
 
     @functools.lru_cache(maxsize=None)
     def moe_grid(self, hidden: int, inter: int, topk: int, experts: int, tp: int) -> tuple[LogGrid, tuple]:
@@ -409,15 +444,17 @@ def _moe_roofline(tokens, hidden, inter_per_gpu, topk, experts, flops, bandwidth
 
 
 def versions_table(framework: str = "vllm", data_dir: Optional[str | Path] = None) -> list[tuple[str, dict]]:
-    """(gpu, {op: newest version or '-'}) for every GPU in the database."""
+    """(gpu, {op: the version a model reads, or '-'}) for every GPU in the database."""
     root = Path(data_dir) if data_dir is not None else package_data_dir()
     out = []
     for gpu in sorted(p.name for p in root.iterdir() if p.is_dir()):
         db, row = KernelDB(gpu, framework, data_dir=root), {}
-        for op in ("gemm", "context_attention", "moe", "allreduce"):
+        reads = {"gemm": lambda: db.gemm_grid, "context_attention": lambda: db._context_rows,
+                 "moe": lambda: db._moe_rows, "allreduce": lambda: db.allreduce_grid(2)}
+        for op, read in reads.items():
             try:
-                db._path(op)
-                row[op] = db.versions[op]
+                read()
+                row[op] = db.versions.get(op) or f"nccl {db.versions.get('nccl')}"
             except KernelDBError:
                 row[op] = "-"
         out.append((gpu, row))
