@@ -90,6 +90,31 @@ def held_out_errors(db: KernelDB, op: str, frac: float, rng: np.random.Generator
     return np.asarray(errors)
 
 
+def heads_stand_in_errors(db: KernelDB, phase: str) -> np.ndarray:
+    """The heads rule checked on the table itself: every measured (heads, kv heads) slice predicted from
+    the largest measured slice with the same query-per-kv-head ratio and fewer kv heads, its batch
+    scaled by the heads ratio (testbed.sim.kernel_db.match_heads), at the measured (batch, length)."""
+    df = db._context_rows if phase == "context" else db._generation_rows
+    df = df.assign(length=df.isl + df.step)
+    errors = []
+    for hd, g in df.groupby("head_dim"):
+        pairs = sorted(set(map(tuple, g[["num_heads", "num_key_value_heads"]].values.tolist())))
+        for h, kv in pairs:
+            smaller = [(h2, kv2) for h2, kv2 in pairs if kv2 < kv and h2 * kv == h * kv2]
+            if not smaller:
+                continue
+            h2, kv2 = max(smaller, key=lambda p: p[1])
+            ref = g[(g.num_heads == h2) & (g.num_key_value_heads == kv2)]
+            ref = ref.groupby(["batch_size", "length"], as_index=False).latency.median()
+            grid = LogGrid.from_rows([ref.batch_size.values, ref.length.values], ref.latency.values,
+                                     up=(1, 2 if phase == "context" else 1))
+            rows = g[(g.num_heads == h) & (g.num_key_value_heads == kv)]
+            rows = rows.groupby(["batch_size", "length"], as_index=False).latency.median()
+            for b, n, lat in rows[["batch_size", "length", "latency"]].itertuples(index=False):
+                errors.append(abs(grid(b * h / h2, n) / lat - 1) * 100)
+    return np.asarray(errors)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", default="h100_sxm")
@@ -108,6 +133,10 @@ def main() -> None:
         print(f"{op:22s} {len(err):7d} {np.median(err):13.2f} {np.percentile(err, 95):10.2f}")
     err = np.concatenate(everything)
     print(f"{'overall':22s} {len(err):7d} {np.median(err):13.2f} {np.percentile(err, 95):10.2f}")
+    print("heads stand-in (a slice predicted from one with fewer kv heads at the same ratio, batch scaled):")
+    for phase in ("context", "generation"):
+        err = heads_stand_in_errors(db, phase)
+        print(f"{phase + '_attention':22s} {len(err):7d} {np.median(err):13.2f} {np.percentile(err, 95):10.2f}")
     print("versions:", db.versions)
 
 
