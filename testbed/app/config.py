@@ -83,6 +83,19 @@ class KVConfig:
 class CostModelConfig:
     name: str = "roofline"
     profile: Optional[str] = None  # a profile file, for fitted cost models
+    # cost_model=kernels only (testbed/sim/kernel_cost.py): measured kernel tables of aiconfigurator-core for
+    # hardware.kernel_db_gpu, as timed in `framework` (vllm, sglang or trtllm) at `framework_version` (null: the
+    # newest present per op); data_dir: a folder laid out as aiconfigurator-core's systems/data (null: the package's)
+    framework: str = "vllm"
+    framework_version: Optional[str] = None
+    data_dir: Optional[str] = None
+    # the terms the kernel sum misses, fitted on end-to-end runs: per step (scheduler, sampling, launch gaps), per
+    # layer per step (norms, rotary, activation kernels the tables lack), per sequence in the step (input
+    # preparation, sampling per row); kernel_scale multiplies the kernel sum
+    step_overhead_s: float = bounded(0.0, ge=0, le=1)
+    layer_overhead_s: float = bounded(0.0, ge=0, le=0.01)
+    seq_overhead_s: float = bounded(0.0, ge=0, le=0.01)
+    kernel_scale: float = bounded(1.0, gt=0, le=10)
 
 
 @dataclass

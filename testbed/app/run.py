@@ -123,7 +123,29 @@ def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> Cos
             warnings.warn(f"cost model {cost.name} was measured on model {measured!r}, this run is {model.name!r}",
                           stacklevel=2)
         return cost
-    raise ValueError(f"cost_model.name={name!r}: expected one of ['roofline', 'profile']")
+    if name == "kernels":
+        return build_kernel_cost_model(cfg, model, hw)
+    raise ValueError(f"cost_model.name={name!r}: expected one of ['roofline', 'profile', 'kernels']")
+
+
+def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
+    """The measured-kernel cost model for hardware.kernel_db_gpu (aiconfigurator-core, imported lazily)."""
+    from testbed.core.specs import ParallelSpec
+    from testbed.sim.kernel_cost import KernelCostModel
+    from testbed.sim.kernel_db import KernelDB
+
+    cc = cfg.cost_model
+    if not hw.kernel_db_gpu:
+        raise ValueError(f"hardware.kernel_db_gpu is not set for {hw.name}: cost_model=kernels needs the GPU's name in "
+                         f"the measured kernel database (e.g. hardware.kernel_db_gpu=h100_sxm; "
+                         f"`python -m testbed.sim.kernel_db` lists them)")
+    parallel = _obj(cfg.parallel, ParallelSpec)
+    db = KernelDB(hw.kernel_db_gpu, cc.framework, cc.framework_version, cc.data_dir)
+    sc = cfg.scheduler
+    return KernelCostModel(model, hw, parallel, db, step_overhead_s=cc.step_overhead_s,
+                           layer_overhead_s=cc.layer_overhead_s, seq_overhead_s=cc.seq_overhead_s,
+                           kernel_scale=cc.kernel_scale, block_size=cfg.kv.block_size,
+                           max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs))
 
 
 def device_kv_blocks(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> int:

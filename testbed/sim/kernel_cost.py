@@ -1,0 +1,177 @@
+"""A step's time composed from measured kernel latencies (`cost_model=kernels`).
+
+The roofline prices every matmul at one efficiency; the real kernels are not that simple (small-m
+GEMMs sit on a latency floor, attention kernels saturate with batch, all-reduce has a fixed cost).
+Here each kernel a transformer layer launches is looked up in aiconfigurator-core's tables for the
+GPU (`testbed.sim.kernel_db`) at the per-GPU shape it runs with under tensor parallelism, and the
+step is their sum plus overhead terms fitted later on end-to-end runs.
+
+Per layer, on one GPU of a TP group of t (vLLM's Megatron-style split,
+vllm/model_executor/layers/linear.py: QKVParallelLinear, RowParallelLinear; a model with fewer KV
+heads than t replicates them, one per GPU):
+  QKV GEMM (m = step tokens, n = (H/t + 2 KV') d, k = hidden), O GEMM (n = hidden, k = H d / t),
+  MLP gate_up (n = 2 I / t) and down (k = I / t) GEMMs, or for an MoE model the router GEMM and the
+  fused-MoE kernel (routed tokens spread evenly) plus a shared expert's GEMMs if any,
+  context attention for the prefill chunks, decode attention for the decode batch,
+  two all-reduces of tokens x hidden bf16 elements at t > 1.
+Once per step: the embedding's all-reduce (VocabParallelEmbedding) at t > 1 on the first stage and
+the LM head GEMM over the sequences' last tokens (m = sequences, n = vocab / t) on the last.
+Pipeline parallelism (p stages): the slowest stage, ceil(layers / p) layers, plus p - 1 hand-offs
+of tokens x hidden activations over the interconnect.
+
+Attention from the batch's sums (BatchShape keeps no per-sequence lengths): the prefill chunks are
+priced as num_prefill_seqs chunks of one length L, chosen so that their causal query-key pairs
+b L (L + 1) / 2 equal the batch's (a chunk at an offset counts its pairs over the cached prefix
+too), i.e. the table's FLOPs match; the decode batch at its mean context length.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from testbed.core.cost import BatchShape
+from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
+from testbed.sim.kernel_db import KernelDB, KernelDBError
+
+
+class KernelCostModel:
+    """step = kernel_scale x (kernels of the slowest pipeline stage) + pipeline hand-offs
+    + step_overhead_s + layer_overhead_s x its layers + seq_overhead_s x sequences + swap.
+
+    Everything that depends on the token count alone (GEMMs, MoE, all-reduces) is tabulated at
+    construction for 1..max_tokens tokens; attention look-ups are memoised on (batch, length), so a
+    call is a few dictionary and list look-ups."""
+
+    name = "kernels"
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec, db: KernelDB, *,
+                 step_overhead_s: float = 0.0, layer_overhead_s: float = 0.0, seq_overhead_s: float = 0.0,
+                 kernel_scale: float = 1.0, block_size: int = 16, max_tokens: int = 16384):
+        hardware.validate()
+        parallel.validate()
+        for key, v in (("step_overhead_s", step_overhead_s), ("layer_overhead_s", layer_overhead_s),
+                       ("seq_overhead_s", seq_overhead_s)):
+            if not v >= 0:
+                raise ValueError(f"cost_model.{key}={v}: must be >= 0")
+        if not kernel_scale > 0:
+            raise ValueError(f"cost_model.kernel_scale={kernel_scale}: must be > 0")
+        if model.dtype not in ("bfloat16", "float16"):
+            raise KernelDBError(f"model.dtype={model.dtype!r}: the kernel tables used are bf16 only")
+        self.model, self.hw, self.parallel, self.db = model, hardware, parallel, db
+        t, p = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+        m = model
+        if m.num_heads % t:
+            raise KernelDBError(f"parallel.tensor_parallel_size={t} does not divide model.num_heads={m.num_heads}")
+        if m.num_kv_heads % t and t % m.num_kv_heads:
+            raise KernelDBError(f"parallel.tensor_parallel_size={t} and model.num_kv_heads={m.num_kv_heads}: one must "
+                                f"divide the other (vLLM splits or replicates KV heads)")
+        self.heads, self.kv_heads = m.num_heads // t, max(1, m.num_kv_heads // t)
+        self.layers_per_stage = math.ceil(m.num_layers / p)
+        self.kernel_scale = kernel_scale
+        self.step_overhead = step_overhead_s + layer_overhead_s * self.layers_per_stage
+        self.seq_overhead = seq_overhead_s
+        self.max_tokens = max_tokens
+        # a stage hands tokens x hidden activations to the next; each GPU of a stage moves its own share
+        self.handoff_per_token = (p - 1) * m.hidden_size * m.dtype_bytes / hardware.interconnect_bandwidth
+        self.handoff_fixed = (p - 1) * hardware.interconnect_latency_s
+        kv_bytes_per_token_gpu = 2 * self.layers_per_stage * self.kv_heads * m.head_dim * m.dtype_bytes
+        self.swap_per_block = block_size * kv_bytes_per_token_gpu / hardware.host_link_bandwidth
+        self._check_attention()
+        ms = np.arange(1, max_tokens + 1, dtype=float)
+        # index n: n tokens (index 0 unused)
+        self._layer = [0.0] + self._layer_token_costs(ms).tolist()
+        self._per_step = [0.0] + self._step_token_costs(ms).tolist()
+        self._lm_head = [0.0] + self._lm_head_costs(ms).tolist()
+        self._ctx_memo: dict[tuple[int, int], float] = {}
+        self._gen_memo: dict[tuple[int, int], float] = {}
+        self._big_memo: dict[int, tuple[float, float]] = {}
+
+    # ------------------------------------------------------------ tabulated parts
+    def _gemm(self, n: int, k: int, ms: np.ndarray) -> np.ndarray:
+        return self.db.gemm_over_m(n, k, ms)
+
+    def _allreduce(self, ms: np.ndarray) -> np.ndarray:
+        t = self.parallel.tensor_parallel_size
+        if t == 1:
+            return np.zeros_like(ms)
+        return self.db.allreduce_over_elements(ms * self.model.hidden_size, t)
+
+    def _layer_token_costs(self, ms: np.ndarray) -> np.ndarray:
+        """One layer's token-count-only kernels (all but attention) for each token count in `ms`."""
+        m, t = self.model, self.parallel.tensor_parallel_size
+        h, d = m.hidden_size, m.head_dim
+        cost = self._gemm((self.heads + 2 * self.kv_heads) * d, h, ms) + self._gemm(h, self.heads * d, ms)
+        if m.is_moe:
+            inter = m.moe_intermediate_size or m.intermediate_size
+            cost = cost + self._gemm(m.num_experts, h, ms)  # router (replicated on every GPU)
+            cost = cost + self.db.moe_over_tokens(ms, h, inter, m.num_experts_per_tok, m.num_experts, t,
+                                                  self.hw.matmul_flops, self.hw.mem_bandwidth)
+            if m.shared_expert_intermediate_size:
+                si = -(-m.shared_expert_intermediate_size // t)
+                cost = cost + self._gemm(2 * si, h, ms) + self._gemm(h, si, ms)
+        else:
+            inter = -(-m.intermediate_size // t)
+            cost = cost + self._gemm(2 * inter, h, ms) + self._gemm(h, inter, ms)
+        return cost + 2 * self._allreduce(ms)
+
+    def _step_token_costs(self, ms: np.ndarray) -> np.ndarray:
+        """Once-per-step token-count kernels: the embedding all-reduce (first stage)."""
+        return self._allreduce(ms)
+
+    def _lm_head_costs(self, seqs: np.ndarray) -> np.ndarray:
+        t = self.parallel.tensor_parallel_size
+        return self._gemm(-(-self.model.vocab_size // t), self.model.hidden_size, seqs)
+
+    def _check_attention(self) -> None:
+        """Fail at construction, not mid-run, on a head_dim the tables lack."""
+        d = self.model.head_dim
+        self.db.attention_grid("context", self.heads, self.kv_heads, d)
+        self.db.attention_grid("generation", self.heads, self.kv_heads, d)
+
+    def _beyond(self, tokens: int) -> tuple[float, float]:
+        hit = self._big_memo.get(tokens)
+        if hit is None:
+            arr = np.array([float(tokens)])
+            hit = self._big_memo[tokens] = (float(self._layer_token_costs(arr)[0]),
+                                            float(self._step_token_costs(arr)[0]))
+        return hit
+
+    # ------------------------------------------------------------ attention
+    def context_attention(self, seqs: int, pairs: float) -> float:
+        length = round((math.sqrt(1.0 + 8.0 * pairs / seqs) - 1.0) / 2.0)
+        key = (seqs, max(1, length))
+        hit = self._ctx_memo.get(key)
+        if hit is None:
+            hit = self._ctx_memo[key] = self.db.context_attention(seqs, key[1], self.heads, self.kv_heads,
+                                                                  self.model.head_dim)
+        return hit
+
+    def generation_attention(self, seqs: int, kv_tokens: int) -> float:
+        key = (seqs, max(1, round(kv_tokens / seqs)))
+        hit = self._gen_memo.get(key)
+        if hit is None:
+            hit = self._gen_memo[key] = self.db.generation_attention(seqs, key[1], self.heads, self.kv_heads,
+                                                                     self.model.head_dim)
+        return hit
+
+    # ------------------------------------------------------------ the step
+    def step_time(self, s: BatchShape) -> float:
+        tokens = s.num_prefill_tokens + s.num_decode_seqs
+        swap = s.swap_blocks * self.swap_per_block
+        if tokens == 0:
+            return self.step_overhead + swap
+        seqs = s.num_prefill_seqs + s.num_decode_seqs
+        if tokens <= self.max_tokens:
+            layer, per_step = self._layer[tokens], self._per_step[tokens]
+        else:
+            layer, per_step = self._beyond(tokens)
+        if s.num_prefill_seqs:
+            layer += self.context_attention(s.num_prefill_seqs, s.prefill_attn_pairs)
+        if s.num_decode_seqs:
+            layer += self.generation_attention(s.num_decode_seqs, s.decode_kv_tokens)
+        lm = self._lm_head[seqs] if seqs <= self.max_tokens else float(self._lm_head_costs(np.array([seqs]))[0])
+        ends = per_step + lm if self.parallel.pipeline_parallel_size == 1 else max(per_step, lm)
+        kernels = self.layers_per_stage * layer + ends
+        return (self.kernel_scale * kernels + self.handoff_per_token * tokens + self.handoff_fixed
+                + self.step_overhead + self.seq_overhead * seqs + swap)

@@ -1,0 +1,470 @@
+"""Measured kernel latencies from aiconfigurator-core's tables, interpolated to any shape.
+
+aiconfigurator-core ships per-GPU Parquet tables of single kernels timed in a serving framework
+(`systems/data/<gpu>/<op>/<framework>/<version>/*.parquet`, latency in ms). A step's cost composed
+from them (`testbed.sim.kernel_cost`) inherits the real kernels' efficiency curves (tile
+quantisation, launch floors, bandwidth saturation) that a roofline has to guess. This module
+reads only the rows and columns one model needs and answers in seconds.
+
+Interpolation (our own; aiconfigurator's sdk does the same job in compiled code): every table is
+put on a dense grid over its measured axis values; latency is multilinear in log(latency) over
+log(axis), so a power law between two measured points is followed exactly; cells the sweep never
+measured are filled from their neighbours the same way (both sides along some axis, else one side
+scaled by the axis' work exponent); beyond the grid's top an axis scales its work (GEMM m, n, k and
+MoE tokens linearly, i.e. by FLOPs or bytes; context attention quadratically in the sequence
+length; decode attention and all-reduce linearly), below its bottom the latency stays at the
+smallest measured one (a launch floor).
+
+Which table versions a GPU ends up with (version=None: the newest version holding the framework's
+preferred kernel, else the newest whose rows come from one kernel source), vllm, aiconfigurator-core
+0.12.0 ('-': no usable table: a model needing that op fails with the reason):
+
+| GPU (kernel_db_gpu) | gemm | attention | moe | all-reduce |
+| --- | --- | --- | --- | --- |
+| h100_sxm (hardware=h100) | 0.24.0 | 0.24.0 | 0.24.0 | 0.24.0 |
+| h200_sxm | 0.24.0 | 0.24.0 | 0.24.0 | 0.24.0 |
+| a100_sxm | 0.14.0 | 0.14.0 | - (no balanced rows) | 0.14.0 |
+| b200_sxm | 0.24.0 | 0.22.0 | 0.22.0 | 0.24.0 |
+| l40s | 0.24.0 | 0.24.0 | 0.24.0 | 0.22.0 |
+| rtx_pro_6000_server | 0.24.0 | 0.24.0 | 0.24.0 | 0.24.0 |
+| b300_sxm, gb200, gb300 | 0.24.0 | - | - | 0.24.0 (gb300: 0.27.0) |
+| b60 | 0.26.0 | 0.26.0 | - | - |
+| a100_pcie, a30, h100_pcie, l4 | - | - | - | - |
+
+(`python -m testbed.sim.kernel_db` prints the table for every GPU in the installed package.)
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+INSTALL_HINT = ("cost_model=kernels needs measured kernel tables: pip install 'llm-sched-testbed[kernels]' "
+                "(aiconfigurator-core)")
+
+# per framework: which measured kernel each op uses, in order of preference (the one the framework runs for
+# an unquantised bf16 model first); a table holding a single kernel source for the op uses that one
+FRAMEWORKS = {
+    "vllm": dict(gemm=("torch.nn.functional.linear",), attention=("vllm_flash_attn_fa3",),
+                 moe=("vllm_unquantizedfusedmoe_triton_tritonexperts",), allreduce_backend="vllm_graph"),
+    "sglang": dict(gemm=("sglang_torch_linear", "sglang"), attention=("fa3", "triton"),
+                   moe=("sglang_fused_moe_triton",), allreduce_backend="sglang_graph"),
+    "trtllm": dict(gemm=("torch_flow",), attention=("torch_flow",), moe=("moe_torch_flow_cutlass", "moe_torch_flow"),
+                   allreduce_backend=None),
+}
+OPS = {  # op -> (folder, file)
+    "gemm": ("gemm", "gemm_perf.parquet"),
+    "context_attention": ("attention", "context_attention_perf.parquet"),
+    "generation_attention": ("attention", "generation_attention_perf.parquet"),
+    "moe": ("moe", "moe_perf.parquet"),
+    "allreduce": ("comm", "custom_allreduce_perf.parquet"),
+}
+
+
+class KernelDBError(ValueError):
+    """A GPU, framework, version or shape the measured tables do not have."""
+
+
+def package_data_dir() -> Path:
+    """The installed aiconfigurator-core's `systems/data`, found without importing the package."""
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(INSTALL_HINT)
+    return Path(list(spec.submodule_search_locations)[0]) / "systems" / "data"
+
+
+def _version_key(v: str) -> tuple:
+    """'0.24.0' > '0.9.1'; '1.3.0rc20' > '1.3.0rc10'; a final release above its release candidates."""
+    import re
+
+    parts = []
+    for piece in re.split(r"[.]", v):
+        m = re.match(r"(\d+)(?:rc(\d+))?(?:post(\d+))?", piece)
+        if m:
+            parts.append((int(m.group(1)), int(m.group(2)) if m.group(2) else 10**9, int(m.group(3) or 0)))
+        else:
+            parts.append((-1, 0, 0))
+    return tuple(parts)
+
+
+class LogGrid:
+    """Latency on a dense grid over positive axes, multilinear in log-log space.
+
+    `up` gives each axis' work exponent, used past the top of the grid and to fill unmeasured
+    cells that have a measured neighbour on one side only."""
+
+    def __init__(self, axes: Sequence[np.ndarray], values: np.ndarray, up: Sequence[float]):
+        self.axes = [np.asarray(a, dtype=float) for a in axes]
+        self.log_axes = [np.log(a) for a in self.axes]
+        self.up = tuple(float(u) for u in up)
+        logv = np.log(np.asarray(values, dtype=float))
+        if np.isnan(logv).all():
+            raise KernelDBError("no measured point to interpolate from")
+        self.logv = _fill(logv, self.log_axes, self.up)
+
+    @classmethod
+    def from_rows(cls, cols: Sequence[np.ndarray], latency: np.ndarray, up: Sequence[float]) -> "LogGrid":
+        axes = [np.unique(c) for c in cols]
+        vals = np.full([len(a) for a in axes], np.nan)
+        idx = tuple(np.searchsorted(a, c) for a, c in zip(axes, cols))
+        vals[idx] = latency
+        return cls(axes, vals, up)
+
+    def _bracket(self, d: int, x: float) -> tuple[int, int, float, float]:
+        """(lower index, upper index, weight of the upper, log factor beyond the top) on axis d."""
+        ax, lax = self.axes[d], self.log_axes[d]
+        if x <= ax[0]:
+            return 0, 0, 0.0, 0.0
+        if x >= ax[-1]:
+            return len(ax) - 1, len(ax) - 1, 0.0, self.up[d] * (np.log(x) - lax[-1])
+        hi = int(np.searchsorted(ax, x))
+        lo = hi - 1
+        return lo, hi, (np.log(x) - lax[lo]) / (lax[hi] - lax[lo]), 0.0
+
+    def __call__(self, *point: float) -> float:
+        brackets = [self._bracket(d, float(x)) for d, x in enumerate(point)]
+        total = sum(b[3] for b in brackets)
+        acc = 0.0
+        for corner in range(1 << len(brackets)):
+            w, idx = 1.0, []
+            for d, (lo, hi, t, _) in enumerate(brackets):
+                if corner >> d & 1:
+                    w *= t
+                    idx.append(hi)
+                else:
+                    w *= 1.0 - t
+                    idx.append(lo)
+            if w:
+                acc += w * self.logv[tuple(idx)]
+        return float(np.exp(acc + total))
+
+    def curve(self, axis: int, fixed: Sequence[float], xs: np.ndarray) -> np.ndarray:
+        """Latencies at every x of `xs` along `axis`, the other axes at `fixed` (in axis order, the
+        interpolated axis left out): vectorised, the same numbers as calling the grid point by point."""
+        nodes = []
+        for g in self.axes[axis]:
+            pt = list(fixed)
+            pt.insert(axis, g)
+            nodes.append(np.log(self(*pt)))
+        nodes = np.asarray(nodes)
+        lax = self.log_axes[axis]
+        lx = np.log(np.asarray(xs, dtype=float))
+        out = np.interp(lx, lax, nodes)  # clamps below the bottom (the launch floor) and at the top
+        above = lx > lax[-1]
+        out[above] += self.up[axis] * (lx[above] - lax[-1])
+        return np.exp(out)
+
+
+def _fill(logv: np.ndarray, log_axes: Sequence[np.ndarray], up: Sequence[float]) -> np.ndarray:
+    """Unmeasured cells (NaN) from their measured neighbours: interpolated in log-log between the
+    nearest measured cells on both sides along an axis (averaged over the axes where that exists);
+    a cell with neighbours on one side only is scaled from the nearest by that axis' work exponent,
+    and only once no cell can be interpolated any more."""
+    v = logv.copy()
+    while np.isnan(v).any():
+        interp_sum, interp_n = np.zeros_like(v), np.zeros_like(v)
+        extra_sum, extra_n = np.zeros_like(v), np.zeros_like(v)
+        for d, lax in enumerate(log_axes):
+            vd = np.moveaxis(v, d, -1)
+            n = vd.shape[-1]
+            pos = np.broadcast_to(np.arange(n), vd.shape)
+            ok = ~np.isnan(vd)
+            below = np.maximum.accumulate(np.where(ok, pos, -1), axis=-1)
+            above = np.flip(np.minimum.accumulate(np.flip(np.where(ok, pos, n), -1), axis=-1), -1)
+            has_b, has_a = below >= 0, above < n
+            bi, ai = np.clip(below, 0, n - 1), np.clip(above, 0, n - 1)
+            vb = np.take_along_axis(vd, bi, -1)
+            va = np.take_along_axis(vd, ai, -1)
+            x, xb, xa = lax[pos], lax[bi], lax[ai]
+            nan = ~ok
+            both = nan & has_b & has_a
+            with np.errstate(invalid="ignore", divide="ignore"):
+                t = np.where(both, (x - xb) / np.where(both, xa - xb, 1.0), 0.0)
+            est_i = np.where(both, vb + t * (va - vb), 0.0)
+            one = nan & (has_b ^ has_a)
+            est_e = np.where(has_b, vb + up[d] * (x - xb), va + up[d] * (x - xa))
+            est_e = np.where(one, est_e, 0.0)
+            interp_sum += np.moveaxis(est_i, -1, d)
+            interp_n += np.moveaxis(both.astype(float), -1, d)
+            extra_sum += np.moveaxis(est_e, -1, d)
+            extra_n += np.moveaxis(one.astype(float), -1, d)
+        if (interp_n > 0).any():
+            fill = interp_n > 0
+            v[fill] = interp_sum[fill] / interp_n[fill]
+        else:
+            fill = extra_n > 0
+            v[fill] = extra_sum[fill] / extra_n[fill]
+    return v
+
+
+@dataclass(frozen=True)
+class HeadsMatch:
+    """Which measured (heads, kv heads) stands in for the model's, and how many times its batch."""
+    heads: int
+    kv_heads: int
+    batch_factor: float
+
+
+def match_heads(model_heads: int, model_kv: int, measured: Sequence[tuple[int, int]]) -> HeadsMatch:
+    """An attention kernel splits its work into (sequence, kv head) tiles (FlashAttention's grid is
+    batch x heads), so b sequences of H heads cost about as much as b * H / H' sequences of H' heads
+    at the same query-per-kv-head ratio. The measured pair with the closest ratio, then the closest
+    kv-head count, is used with the batch scaled accordingly (exact when the pair was measured)."""
+    group = model_heads / model_kv
+    if (model_heads, model_kv) in set(measured):
+        return HeadsMatch(model_heads, model_kv, 1.0)
+    best = min(measured, key=lambda hk: (abs(np.log(hk[0] / hk[1] / group)), abs(np.log(hk[1] / model_kv)), -hk[1]))
+    return HeadsMatch(best[0], best[1], model_heads / best[0])
+
+
+class KernelDB:
+    """The measured tables of one (gpu, framework, version) and interpolated look-ups in seconds.
+
+    version=None takes the newest version present for that GPU and op (they differ per op: the
+    collector does not re-measure every op at every release). `data_dir`: a folder laid out as
+    aiconfigurator-core's `systems/data` (None: the installed package's)."""
+
+    def __init__(self, gpu: str, framework: str = "vllm", version: Optional[str] = None,
+                 data_dir: Optional[str | Path] = None, kernel_sources: Optional[dict] = None):
+        root = Path(data_dir) if data_dir is not None else package_data_dir()
+        if not root.is_dir():
+            raise KernelDBError(f"kernel database folder {root} does not exist")
+        gpus = sorted(p.name for p in root.iterdir() if p.is_dir())
+        if gpu not in gpus:
+            raise KernelDBError(f"GPU {gpu!r} is not in the kernel database {root}; it has: {', '.join(gpus)}")
+        if framework not in FRAMEWORKS:
+            raise KernelDBError(f"framework {framework!r}: expected one of {sorted(FRAMEWORKS)}")
+        self.root, self.gpu, self.framework, self.requested_version = root, gpu, framework, version
+        self.sources = {**FRAMEWORKS[framework], **{op: (v,) if isinstance(v, str) and op != "allreduce_backend" else v
+                                                    for op, v in (kernel_sources or {}).items()}}
+        self.versions: dict[str, str] = {}
+        self.sources_used: dict[str, str] = {}
+
+    # ---------------------------------------------------------------- reading
+    def _candidates(self, op: str) -> list[Path]:
+        """The op's table files, newest version first (only the requested one when a version is set)."""
+        folder, file = OPS[op]
+        fw_dir = self.root / self.gpu / folder / self.framework
+        present = sorted((p.name for p in fw_dir.iterdir() if (p / file).is_file()), key=_version_key,
+                         reverse=True) if fw_dir.is_dir() else []
+        if not present:
+            have = sorted(p.name for p in (self.root / self.gpu / folder).iterdir()
+                          if p.is_dir()) if (self.root / self.gpu / folder).is_dir() else []
+            raise KernelDBError(f"{self.gpu} has no {op} table for framework {self.framework!r} ({file}); "
+                                f"frameworks with {folder} tables there: {', '.join(have) or 'none'}")
+        if self.requested_version is None:
+            return [fw_dir / v / file for v in present]
+        if self.requested_version in present:
+            return [fw_dir / self.requested_version / file]
+        raise KernelDBError(f"{self.gpu} {self.framework} has no {op} table of version "
+                            f"{self.requested_version!r}; versions: {', '.join(present)}")
+
+    def _read(self, op: str, columns: list[str], filters: list[tuple], source: Optional[str] = None):
+        """Rows of the newest table version that has them: only `columns` (and latency), only rows matching
+        `filters` (a filter on a column an older table lacks is dropped: e.g. no window_size means no
+        sliding window) and, with `source`, of the op's preferred kernel source: the newest version
+        measuring one of the preferred sources, else the newest whose rows come from a single source."""
+        import pandas as pd
+        import pyarrow.parquet as pq
+
+        why, tables = [], []
+        for path in self._candidates(op):
+            names = set(pq.read_schema(path).names)
+            use = [f for f in filters if f[0] in names]
+            rule = " and ".join(f"{c} {o} {v!r}" for c, o, v in use) or "no filter"
+            avail = set(pd.read_parquet(path, columns=["kernel_source"], filters=use or None).kernel_source.unique()) \
+                if source is not None else {None}
+            if not avail:
+                why.append(f"{path.parent.name}: no rows where {rule}")
+                continue
+            tables.append((path, names, use, avail))
+        if source is not None:
+            wanted = self.sources[source]
+            chosen = next(((t, k) for t in tables for k in wanted if k in t[3]), None) \
+                or next(((t, next(iter(t[3]))) for t in tables if len(t[3]) == 1), None)
+            if chosen is None:
+                why += [f"{t[0].parent.name}: kernel sources {sorted(t[3])}, none of {list(wanted)}" for t in tables]
+                raise KernelDBError(f"{self.gpu} {self.framework} {op}: no usable table ({'; '.join(why)})")
+            (path, names, use, _), pick = chosen
+            use = use + [("kernel_source", "==", pick)]
+            self.sources_used[op] = pick
+        elif tables:
+            path, names, use, _ = tables[0]
+        else:
+            raise KernelDBError(f"{self.gpu} {self.framework} {op}: no usable table ({'; '.join(why)})")
+        self.versions[op] = path.parent.name
+        return pd.read_parquet(path, columns=[c for c in columns if c in names] + ["latency"], filters=use or None)
+
+    def _path(self, op: str) -> Path:
+        """The newest table file of an op (its version recorded in `versions`)."""
+        path = self._candidates(op)[0]
+        self.versions[op] = path.parent.name
+        return path
+
+    # ---------------------------------------------------------------- tables
+    @functools.cached_property
+    def gemm_grid(self) -> LogGrid:
+        df = self._read("gemm", ["m", "n", "k"], [("gemm_dtype", "==", "bfloat16")], source="gemm")
+        df = df.groupby(["m", "n", "k"], as_index=False).latency.median()
+        return LogGrid.from_rows([df.m.values, df.n.values, df.k.values], df.latency.values * 1e-3, up=(1, 1, 1))
+
+    def _attention_rows(self, op: str):
+        cols = ["batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim"]
+        return self._read(op, cols, [("kv_cache_dtype", "==", "bfloat16"), ("window_size", "==", 0)],
+                          source="attention")
+
+    @functools.cached_property
+    def _context_rows(self):
+        return self._attention_rows("context_attention")
+
+    @functools.cached_property
+    def _generation_rows(self):
+        return self._attention_rows("generation_attention")
+
+    @functools.lru_cache(maxsize=None)
+    def attention_grid(self, phase: str, heads: int, kv_heads: int, head_dim: int) -> tuple[LogGrid, HeadsMatch]:
+        """Context ("context": batch x prompt length, no cached prefix) or decode ("generation": batch
+        x KV length) attention at these per-GPU heads. The decode table's `step` is the tokens
+        already generated after a 1-token prompt (isl=1), so a row attends over isl + step KV tokens;
+        aiconfigurator's engine keys the same rows by that sum (its table view of
+        generation_attention_perf lists 2, 4, ..., 131072 for steps 1, 3, ..., 131071)."""
+        df = self._context_rows if phase == "context" else self._generation_rows
+        hd = df[df.head_dim == head_dim]
+        if hd.empty:
+            raise KernelDBError(f"{phase} attention: head_dim={head_dim} was not measured on {self.gpu} "
+                                f"{self.framework}; measured: {sorted(df.head_dim.unique().tolist())}")
+        pairs = sorted(set(map(tuple, hd[["num_heads", "num_key_value_heads"]].values.tolist())))
+        match = match_heads(heads, kv_heads, pairs)
+        rows = hd[(hd.num_heads == match.heads) & (hd.num_key_value_heads == match.kv_heads)]
+        length = rows.isl.values if phase == "context" else rows.isl.values + rows.step.values
+        frame = rows.assign(length=length).groupby(["batch_size", "length"], as_index=False).latency.median()
+        grid = LogGrid.from_rows([frame.batch_size.values, frame.length.values], frame.latency.values * 1e-3,
+                                 up=(1, 2 if phase == "context" else 1))
+        return grid, match
+
+    @functools.cached_property
+    def _moe_rows(self):
+        return self._read("moe", ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size"],
+                          [("moe_dtype", "==", "bfloat16"), ("distribution", "==", "balanced"), ("moe_ep_size", "==", 1)],
+                          source="moe")
+
+    @functools.lru_cache(maxsize=None)
+    def moe_grid(self, hidden: int, inter: int, topk: int, experts: int, tp: int) -> tuple[LogGrid, tuple]:
+        """The fused-MoE latency over tokens at the closest measured (hidden, inter, topk, experts,
+        tp) (exact when measured; the caller scales a stand-in's latency by the work ratio)."""
+        df = self._moe_rows
+        configs = df[["hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size"]].drop_duplicates()
+        want = np.log([hidden, inter / tp, topk, experts])
+        have = np.log(np.column_stack([configs.hidden_size, configs.inter_size / configs.moe_tp_size,
+                                       configs.topk, configs.num_experts]).astype(float))
+        dist = np.abs(have - want).sum(axis=1) + 0.01 * (configs.moe_tp_size.values != tp)
+        best = tuple(int(x) for x in configs.iloc[int(np.argmin(dist))].values)
+        rows = df[(df.hidden_size == best[0]) & (df.inter_size == best[1]) & (df.topk == best[2])
+                  & (df.num_experts == best[3]) & (df.moe_tp_size == best[4])]
+        rows = rows.groupby("num_tokens", as_index=False).latency.median()
+        return LogGrid.from_rows([rows.num_tokens.values], rows.latency.values * 1e-3, up=(1,)), best
+
+    @functools.lru_cache(maxsize=None)
+    def allreduce_grid(self, num_gpus: int) -> tuple[LogGrid, str]:
+        """bf16 all-reduce latency over the message size in elements (aiconfigurator's comm ops key
+        the tables by tokens x hidden, an element count). The framework's custom all-reduce
+        (CUDA-graph captured) table, else NCCL's."""
+        backend = self.sources["allreduce_backend"]
+        frame, source = None, None
+        if backend is not None:
+            try:
+                df = self._read("allreduce", ["num_gpus", "message_size"],
+                                [("backend", "==", backend), ("allreduce_dtype", "==", "bfloat16")])
+                frame, source = df[df.num_gpus == num_gpus], f"{self.framework} custom all-reduce"
+            except (KernelDBError, FileNotFoundError):
+                frame = None
+        if frame is None or frame.empty:
+            frame, source = self._nccl_rows(num_gpus), "nccl"
+        frame = frame.groupby("message_size", as_index=False).latency.median()
+        return LogGrid.from_rows([frame.message_size.values], frame.latency.values * 1e-3, up=(1,)), source
+
+    def _nccl_rows(self, num_gpus: int):
+        import pandas as pd
+
+        nccl_dir = self.root / self.gpu / "comm" / "nccl"
+        present = sorted((p.name for p in nccl_dir.iterdir() if (p / "nccl_perf.parquet").is_file()),
+                         key=_version_key) if nccl_dir.is_dir() else []
+        if not present:
+            raise KernelDBError(f"{self.gpu} has neither a {self.framework} custom all-reduce table nor an NCCL one")
+        self.versions["nccl"] = present[-1]
+        df = pd.read_parquet(nccl_dir / present[-1] / "nccl_perf.parquet", columns=["num_gpus", "message_size", "latency"],
+                             filters=[("op_name", "==", "all_reduce"), ("nccl_dtype", "==", "half")])
+        rows = df[df.num_gpus == num_gpus]
+        if rows.empty:
+            raise KernelDBError(f"all-reduce over {num_gpus} GPUs was not measured on {self.gpu}; "
+                                f"measured GPU counts: {sorted(df.num_gpus.unique().tolist())}")
+        return rows
+
+    # ---------------------------------------------------------------- look-ups (seconds)
+    def gemm(self, m: float, n: float, k: float) -> float:
+        return self.gemm_grid(m, n, k)
+
+    def gemm_over_m(self, n: int, k: int, ms: np.ndarray) -> np.ndarray:
+        return self.gemm_grid.curve(0, (n, k), ms)
+
+    def context_attention(self, batch: float, length: float, heads: int, kv_heads: int, head_dim: int) -> float:
+        grid, match = self.attention_grid("context", heads, kv_heads, head_dim)
+        return grid(batch * match.batch_factor, length)
+
+    def generation_attention(self, batch: float, kv_len: float, heads: int, kv_heads: int, head_dim: int) -> float:
+        grid, match = self.attention_grid("generation", heads, kv_heads, head_dim)
+        return grid(batch * match.batch_factor, kv_len)
+
+    def moe_over_tokens(self, tokens: np.ndarray, hidden: int, inter: int, topk: int, experts: int, tp: int,
+                        flops: float, bandwidth: float) -> np.ndarray:
+        """Fused MoE (routed experts, tokens spread evenly) for every token count in `tokens`. A
+        stand-in configuration's latency is scaled by the ratio of the two configurations' roofline
+        times at each token count (FLOPs of the routed tokens vs bytes of the experts they touch)."""
+        grid, best = self.moe_grid(hidden, inter, topk, experts, tp)
+        t = grid.curve(0, (), np.asarray(tokens, dtype=float))
+        if best != (hidden, inter, topk, experts, tp):
+            t = t * _moe_roofline(tokens, hidden, inter / tp, topk, experts, flops, bandwidth) \
+                / _moe_roofline(tokens, best[0], best[1] / best[4], best[2], best[3], flops, bandwidth)
+        return t
+
+    def allreduce_over_elements(self, elements: np.ndarray, num_gpus: int) -> np.ndarray:
+        grid, _ = self.allreduce_grid(num_gpus)
+        return grid.curve(0, (), np.asarray(elements, dtype=float))
+
+
+def _moe_roofline(tokens, hidden, inter_per_gpu, topk, experts, flops, bandwidth):
+    tokens = np.asarray(tokens, dtype=float)
+    work = 2 * tokens * topk * 3 * hidden * inter_per_gpu / flops
+    touched = np.minimum(experts, tokens * topk)
+    return np.maximum(work, touched * 3 * hidden * inter_per_gpu * 2 / bandwidth)
+
+
+def versions_table(framework: str = "vllm", data_dir: Optional[str | Path] = None) -> list[tuple[str, dict]]:
+    """(gpu, {op: the version a model reads, or '-'}) for every GPU in the database."""
+    root = Path(data_dir) if data_dir is not None else package_data_dir()
+    out = []
+    for gpu in sorted(p.name for p in root.iterdir() if p.is_dir()):
+        db, row = KernelDB(gpu, framework, data_dir=root), {}
+        reads = {"gemm": lambda: db.gemm_grid, "context_attention": lambda: db._context_rows,
+                 "moe": lambda: db._moe_rows, "allreduce": lambda: db.allreduce_grid(2)}
+        for op, read in reads.items():
+            try:
+                read()
+                row[op] = db.versions.get(op) or f"nccl {db.versions.get('nccl')}"
+            except KernelDBError:
+                row[op] = "-"
+        out.append((gpu, row))
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    fw = sys.argv[1] if len(sys.argv) > 1 else "vllm"
+    print(f"| GPU | gemm | attention | moe | all-reduce |  ({fw})\n| --- | --- | --- | --- | --- |")
+    for gpu, row in versions_table(fw):
+        print(f"| {gpu} | " + " | ".join(row.values()) + " |")

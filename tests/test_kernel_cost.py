@@ -1,0 +1,159 @@
+"""cost_model=kernels: the measured-table interpolation and the step composed from it."""
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from testbed.core.cost import BatchShape, add_work
+from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
+from testbed.sim.kernel_db import INSTALL_HINT, KernelDB, LogGrid, match_heads
+
+HAS_DB = importlib.util.find_spec("aiconfigurator_core") is not None
+needs_db = pytest.mark.skipif(not HAS_DB, reason="aiconfigurator-core (the measured kernel tables) is not installed")
+
+LLAMA2_7B = dict(name="llama2-7b", hidden_size=4096, intermediate_size=11008, num_layers=32, num_heads=32,
+                 num_kv_heads=32, head_dim=128, vocab_size=32000)
+
+
+def shape(work) -> BatchShape:
+    s = BatchShape()
+    add_work(s, work)
+    return s
+
+
+@pytest.fixture(scope="module")
+def db():
+    if not HAS_DB:
+        pytest.skip("aiconfigurator-core (the measured kernel tables) is not installed")
+    return KernelDB("h100_sxm", "vllm")
+
+
+def cost(db, model=None, tp=1, pp=1, **kw):
+    from testbed.sim.kernel_cost import KernelCostModel
+
+    return KernelCostModel(model or ModelSpec(**LLAMA2_7B), HardwareSpec(kernel_db_gpu="h100_sxm"),
+                           ParallelSpec(tp, pp), db, max_tokens=4096, **kw)
+
+
+# ---------------------------------------------------------------- the interpolator, on a grid built here
+def test_grid_is_exact_on_nodes_and_between_neighbours_off_them():
+    m, n = np.array([1.0, 4, 16, 64]), np.array([128.0, 1024])
+    lat = np.outer(1 + m / 8, n / 128) * 1e-6
+    grid = LogGrid([m, n], lat, up=(1, 1))
+    for i, mi in enumerate(m):
+        for j, nj in enumerate(n):
+            assert grid(mi, nj) == pytest.approx(lat[i, j])
+    mid = grid(8, 300)
+    lo, hi = sorted([grid(4, 128), grid(16, 1024)])
+    assert lo < mid < hi
+    # past the top an axis scales its work; below the bottom the launch floor holds
+    assert grid(128, 1024) == pytest.approx(2 * grid(64, 1024))
+    assert grid(0.5, 128) == pytest.approx(grid(1, 128))
+
+
+def test_unmeasured_cells_are_filled_from_both_neighbours():
+    axis = np.array([1.0, 2, 4])
+    full = np.array([1.0, 2.0, 4.0]) * 1e-5
+    holed = full.copy()
+    holed[1] = np.nan
+    grid = LogGrid([axis], holed, up=(1,))
+    assert full[0] < grid(2) < full[2]
+
+
+def test_heads_stand_in_keeps_the_group_ratio_and_scales_the_batch():
+    got = match_heads(32, 32, [(8, 8), (32, 8), (4, 4)])
+    assert (got.heads, got.kv_heads, got.batch_factor) == (8, 8, 4.0)
+    assert match_heads(32, 8, [(8, 8), (32, 8)]).batch_factor == 1.0
+
+
+# ---------------------------------------------------------------- the real tables
+@needs_db
+def test_measured_point_is_returned_and_off_grid_lies_between(db):
+    import pandas as pd
+
+    path = db._path("gemm")
+    df = pd.read_parquet(path, filters=[("kernel_source", "==", "torch.nn.functional.linear"),
+                                        ("gemm_dtype", "==", "bfloat16"), ("n", "==", 4096), ("k", "==", 4096)])
+    row = df[df.m == 64].latency.median() * 1e-3
+    assert db.gemm(64, 4096, 4096) == pytest.approx(row)
+    a, b = db.gemm(64, 4096, 4096), db.gemm(96, 4096, 4096)
+    assert min(a, b) <= db.gemm(80.5, 4096, 4096) <= max(a, b)
+
+
+@needs_db
+def test_gemm_grows_with_m(db):
+    ms = np.array([1, 256, 1024, 4096, 16384, 65536])
+    t = db.gemm_over_m(4096, 4096, ms)
+    assert np.all(np.diff(t) > 0)
+    assert np.allclose(t, [db.gemm(m, 4096, 4096) for m in ms])
+
+
+@needs_db
+def test_tensor_parallel_halves_gemm_work_and_adds_all_reduce(db):
+    prefill = shape([(0, 2048, False)])
+    one, two = cost(db, tp=1), cost(db, tp=2)
+    assert two.step_time(prefill) < one.step_time(prefill)
+    # the per-GPU layer GEMMs halve (within the kernels' efficiency curve), the all-reduces come on top
+    linear_one = one._layer_token_costs(np.array([2048.0]))[0]
+    ar = two._allreduce(np.array([2048.0]))[0]
+    assert ar > 0
+    linear_two = two._layer_token_costs(np.array([2048.0]))[0] - 2 * ar
+    assert 0.4 < linear_two / linear_one < 0.65
+
+
+@needs_db
+def test_moe_step_costs_less_than_all_experts_dense(db):
+    moe = ModelSpec(name="mixtral", hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                    num_kv_heads=8, head_dim=128, vocab_size=32000, num_experts=8, num_experts_per_tok=2)
+    dense_all = ModelSpec(**{**moe.__dict__, "num_experts": 0, "num_experts_per_tok": 0,
+                             "intermediate_size": 8 * 14336})
+    for work in ([(0, 1024, False)], [(500, 1, True)] * 16):
+        assert cost(db, moe, tp=2).step_time(shape(work)) < cost(db, dense_all, tp=2).step_time(shape(work))
+
+
+@needs_db
+def test_overheads_and_pipeline_add_up(db):
+    decode = shape([(799, 1, True)] * 8)
+    base = cost(db).step_time(decode)
+    with_over = cost(db, step_overhead_s=1e-3, layer_overhead_s=1e-5, seq_overhead_s=1e-5).step_time(decode)
+    assert with_over == pytest.approx(base + 1e-3 + 32 * 1e-5 + 8 * 1e-5)
+    assert cost(db, kernel_scale=2).step_time(decode) == pytest.approx(2 * base)
+    assert cost(db, pp=2).step_time(decode) < base  # half the layers per stage, one hand-off
+
+
+@needs_db
+def test_unknown_gpu_and_head_dim_are_named(db):
+    from testbed.sim.kernel_db import KernelDBError
+
+    with pytest.raises(KernelDBError, match="h100_sxm"):
+        KernelDB("no_such_gpu")
+    with pytest.raises(KernelDBError, match="head_dim=80"):
+        cost(db, ModelSpec(**{**LLAMA2_7B, "head_dim": 80}))
+
+
+@needs_db
+def test_simulation_with_kernels_finishes(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from testbed.app.cli import CONF_DIR
+    from testbed.app.run import simulate
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["cost_model=kernels", "hardware.kernel_db_gpu=h100_sxm",
+                                           "trace.max_requests=300", f"output.dir={tmp_path}"])
+        res = simulate(cfg)
+        assert res.summary["cost_model"] == "kernels"
+        assert res.summary["completed"] == 300
+        cfg = compose("config", overrides=["cost_model=kernels", "hardware.kernel_db_gpu=null",
+                                           "trace.max_requests=10", f"output.dir={tmp_path}"])
+        with pytest.raises(ValueError, match="hardware.kernel_db_gpu is not set"):
+            simulate(cfg)
+
+
+def test_without_the_package_the_install_hint_is_raised(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(ImportError) as err:
+        KernelDB("h100_sxm")
+    assert str(err.value) == INSTALL_HINT
