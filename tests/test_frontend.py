@@ -77,9 +77,11 @@ def test_the_engine_queue_follows_the_shifted_arrivals():
 
 
 def test_no_front_end_makes_client_and_engine_figures_equal():
+    from testbed.app.results import format_table
     from testbed.app.run import simulate
 
     r = simulate(config("trace.max_requests=300", "trace.rate_scale=4", "output.progress=false"))
+    assert "engine" not in format_table(r.summary)
     for col in ("queue_ms", "ttft_ms", "tpot_ms", "e2el_ms"):
         assert r.requests[col].equals(r.requests[f"engine_{col}"]), col
     assert r.requests["arrival_s"].equals(r.requests["engine_arrival_s"])
@@ -92,11 +94,14 @@ def test_no_front_end_makes_client_and_engine_figures_equal():
 
 
 def test_a_front_end_on_several_replicas():
+    from testbed.app.results import format_table
     from testbed.app.run import simulate
 
     r = simulate(config("trace.max_requests=300", "trace.rate_scale=4", "backend.replicas=2", "frontend=vllm_api",
                         "frontend.output_token_s=0.001", "output.progress=false"))
     t, s = r.requests, r.summary
+    table = format_table(s)
+    assert "front end vllm_api" in table and "engine TTFT ms" in table and "engine E2E latency ms" in table
     assert s["frontend"] == "vllm_api" and s["completed"] == 300 and set(t["replica"]) == {0, 1}
     assert t["frontend_delay_ms"].to_numpy() == pytest.approx(12)
     assert (t["ttft_ms"] - t["engine_ttft_ms"]).to_numpy() == pytest.approx(13)
@@ -130,3 +135,13 @@ def test_a_request_the_horizon_cuts_off_keeps_its_client_arrival():
     late = table.iloc[1]
     assert late.outcome == "unfinished" and late.arrival_s == 5.0 and late.engine_arrival_s == 5.5
     assert math.isnan(late.ttft_ms) and math.isnan(late.engine_ttft_ms)
+
+
+def test_a_replay_without_the_front_end_refuses_a_configured_one():
+    from testbed.app.run import finish, prepare
+
+    cfg = config("trace.max_requests=5", "frontend=vllm_api")
+    setup = prepare(cfg)
+    out = Simulation(setup.requests, lambda: setup.make_loop(cfg), setup.cost).run()  # the requests unshifted
+    with pytest.raises(ValueError, match="frontend=vllm_api: backend=engine has no HTTP front end"):
+        finish(cfg, setup, out, "engine", 0.0)

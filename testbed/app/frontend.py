@@ -47,6 +47,11 @@ class FrontendConfig:
     def delays_arrivals(self) -> bool:
         return self.request_s > 0 or self.prompt_token_s > 0
 
+    @property
+    def is_off(self) -> bool:
+        """No delay anywhere: the client sees the engine's own times."""
+        return not (self.delays_arrivals or self.output_token_s > 0 or self.completion_s > 0)
+
 
 @dataclass(frozen=True)
 class ClientClock:

@@ -186,6 +186,9 @@ def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, 
            clock: ClientClock | None = None) -> RunResult:
     """The per-request table and the summary of a replay, whichever backend ran it. `clock` turns
     the engine's times into the client's when a front end was modelled (None: they are the same)."""
+    if clock is None and not setup.frontend.is_off:  # check_config refuses it first; a direct call must too
+        raise ValueError(f"frontend={setup.frontend.name}: backend={backend} has no HTTP front end to model "
+                         "(the simulator's only): use frontend=none")
     states = [(i, s) for i, loop in enumerate(outcome.loops) for s in loop.states]
     table = request_table(states, outcome.not_arrived, setup.load_rejects,
                           "interrupted before it arrived" if outcome.interrupted else "arrives after the horizon", clock)
