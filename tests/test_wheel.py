@@ -23,7 +23,7 @@ def test_wheel_ships_config_groups_profiles_and_traces(tmp_path):
     needed += [p for p in (ROOT / "testbed" / "traces" / "data").rglob("*") if p.is_file()]
     needed += [ROOT / "testbed" / "policies" / "README.md"]
     groups = {p.parent.name for p in (ROOT / "testbed" / "conf").rglob("*.yaml")}
-    assert {"policy", "trace", "model", "hardware", "slo", "backend", "cost_model", "logger", "experiment"} <= groups
+    assert {"policy", "trace", "model", "hardware", "slo", "backend", "cost_model", "logger", "experiment", "frontend"} <= groups
     assert len(needed) > 40
     missing = [str(p.relative_to(ROOT)) for p in needed if p.relative_to(ROOT).as_posix() not in names]
     assert not missing, f"not in {wheel.name}: {missing}"

@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from testbed.engine.profile_config import ProfileConfig
+from testbed.app.frontend import FrontendConfig
 from testbed.app.metrics import SLO
 from testbed.core.bounds import bounded
 from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
@@ -187,6 +188,7 @@ class TestbedConfig:
     slo: SLO = MISSING
     backend: BackendConfig = MISSING
     logger: LoggerConfig = MISSING
+    frontend: FrontendConfig = MISSING  # the HTTP/API front end's delays (simulator only; none: the engine's own times)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv: KVConfig = field(default_factory=KVConfig)
     parallel: ParallelSpec = field(default_factory=ParallelSpec)  # tensor / pipeline parallel GPUs per replica
@@ -227,5 +229,6 @@ def register_configs() -> None:
     cs.store(group="slo", name="slo_schema", node=SLO)
     cs.store(group="backend", name="backend_schema", node=BackendConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)
+    cs.store(group="frontend", name="frontend_schema", node=FrontendConfig)
     for name, cls in load_policies().items():
         cs.store(group="policy", name=f"{name}_schema", node=cls.Knobs)

@@ -9,6 +9,12 @@ from the first arrival to the last finish, as vLLM times a benchmark. A request 
 *good* when it finished and met every SLO threshold that is set; goodput is good
 requests per second, SLO attainment is good requests over all requests of the trace
 (rejected and unfinished ones count as misses, as in DistServe).
+
+Every time without a prefix is the client's, measured from the request's arrival at the server,
+as vLLM's `benchmark_serving` measures it: it includes the HTTP/API front end when one is
+modelled (`testbed.app.frontend`), and the SLO checks use it. The `engine_` figures are the
+engine's own, measured from the request's arrival in the engine's queue; with `frontend=none`
+the two are equal.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from testbed.app.frontend import ClientClock
 from testbed.core.request import Outcome, Request, RequestState, Status
 from testbed.core.bounds import bounded, check_ranges
 
@@ -50,52 +57,74 @@ def outcome_of(s: RequestState) -> Outcome:
 
 def request_table(states: list[tuple[int, RequestState]], not_arrived: list[Request],
                   load_rejects: list[tuple[int, str, str]] = (),
-                  not_arrived_reason: str = "arrives after the horizon") -> pd.DataFrame:
+                  not_arrived_reason: str = "arrives after the horizon",
+                  clock: ClientClock | None = None) -> pd.DataFrame:
     """One row per trace row: served states (with their replica), never-arrived requests,
-    and rows the loader rejected (id, source, reason)."""
+    and rows the loader rejected (id, source, reason).
+
+    The states' requests carry their arrival in the engine's queue; `clock` gives each one's
+    arrival at the server and the front end's delays after the engine (None: no front end).
+    `ttft_ms`, `tpot_ms`, `e2el_ms` and `queue_ms` are the client's; the `engine_` columns the
+    engine's; `first_scheduled_s`, `first_token_s`, `finish_s` and `token_times` are engine times.
+    """
+    token_s, tail_s = (clock.output_token_s, clock.tail_s) if clock is not None else (0.0, 0.0)
     rows = []
     for replica, s in states:
         r = s.req
+        arrival = clock.arrival_s[r.id] if clock is not None else r.arrival
         finished = s.status is Status.FINISHED
-        ttft = (s.first_token_time - r.arrival) * 1e3 if s.first_token_time >= 0 else math.nan
-        e2el = (s.finish_time - r.arrival) * 1e3 if finished else math.nan
-        tpot = (e2el - ttft) / (r.output_len - 1) if finished and r.output_len > 1 else math.nan
-        rows.append((r.id, r.source, replica, r.arrival, r.prompt_len, r.output_len, r.tenant, r.priority,
+        engine = _latencies(s, r.arrival, finished, 0.0, 0.0)
+        client = _latencies(s, arrival, finished, token_s, tail_s)
+        rows.append((r.id, r.source, replica, arrival, r.prompt_len, r.output_len, r.tenant, r.priority,
                      outcome_of(s).value, s.reject_reason, s.num_generated, s.num_preemptions, s.prefix_hit_tokens,
                      _t(s.first_scheduled), _t(s.first_token_time), _t(s.finish_time if finished else -1.0),
-                     (s.first_scheduled - r.arrival) * 1e3 if s.first_scheduled >= 0 else math.nan,
-                     ttft, tpot, e2el, s.token_times))
+                     *client, r.arrival, (r.arrival - arrival) * 1e3, *engine, s.token_times))
+    nan4 = (math.nan,) * 4
     for r in not_arrived:
-        rows.append((r.id, r.source, -1, r.arrival, r.prompt_len, r.output_len, r.tenant, r.priority,
+        arrival = clock.arrival_s[r.id] if clock is not None else r.arrival
+        rows.append((r.id, r.source, -1, arrival, r.prompt_len, r.output_len, r.tenant, r.priority,
                      Outcome.UNFINISHED.value, not_arrived_reason, 0, 0, 0,
-                     math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, None))
+                     math.nan, math.nan, math.nan, *nan4, r.arrival, (r.arrival - arrival) * 1e3, *nan4, None))
     for rid, source, reason in load_rejects:
         rows.append((rid, source, -1, math.nan, -1, -1, "", 0, Outcome.REJECTED.value, reason, 0, 0, 0,
-                     math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, None))
+                     math.nan, math.nan, math.nan, *nan4, math.nan, math.nan, *nan4, None))
     cols = ["id", "source", "replica", "arrival_s", "prompt_len", "output_len", "tenant", "priority", "outcome",
             "reason", "generated", "preemptions", "prefix_hit_tokens", "first_scheduled_s", "first_token_s",
-            "finish_s", "queue_ms", "ttft_ms", "tpot_ms", "e2el_ms", "token_times"]
+            "finish_s", "queue_ms", "ttft_ms", "tpot_ms", "e2el_ms", "engine_arrival_s", "frontend_delay_ms",
+            "engine_queue_ms", "engine_ttft_ms", "engine_tpot_ms", "engine_e2el_ms", "token_times"]
     df = pd.DataFrame.from_records(rows, columns=cols).sort_values("id", kind="stable").reset_index(drop=True)
     if df["token_times"].isna().all():
         df = df.drop(columns="token_times")
     return df
 
 
+def _latencies(s: RequestState, arrival: float, finished: bool, token_s: float, tail_s: float
+               ) -> tuple[float, float, float, float]:
+    """(queue, TTFT, TPOT, E2EL) in ms from `arrival`, each token delivered `token_s` after the engine
+    made it and the response ended `tail_s` after the engine finished (both 0: the engine's own)."""
+    r = s.req
+    queue = (s.first_scheduled - arrival) * 1e3 if s.first_scheduled >= 0 else math.nan
+    ttft = (s.first_token_time - arrival + token_s) * 1e3 if s.first_token_time >= 0 else math.nan
+    e2el = (s.finish_time - arrival + tail_s) * 1e3 if finished else math.nan
+    tpot = (e2el - ttft) / (r.output_len - 1) if finished and r.output_len > 1 else math.nan
+    return queue, ttft, tpot, e2el
+
+
 def _t(x: float) -> float:
     return x if x >= 0 else math.nan
 
 
-def _stats(prefix: str, values: np.ndarray, out: dict) -> None:
+def _stats(prefix: str, values: np.ndarray, out: dict, key_prefix: str = "") -> None:
     values = values[~np.isnan(values)]
     if values.size == 0:
         for k in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES)):
-            out[f"{k}_{prefix}_ms"] = None
+            out[f"{key_prefix}{k}_{prefix}_ms"] = None
         return
-    out[f"mean_{prefix}_ms"] = float(values.mean())
-    out[f"median_{prefix}_ms"] = float(np.median(values))
-    out[f"std_{prefix}_ms"] = float(values.std())
+    out[f"{key_prefix}mean_{prefix}_ms"] = float(values.mean())
+    out[f"{key_prefix}median_{prefix}_ms"] = float(np.median(values))
+    out[f"{key_prefix}std_{prefix}_ms"] = float(values.std())
     for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES)):
-        out[f"p{p}_{prefix}_ms"] = float(v)
+        out[f"{key_prefix}p{p}_{prefix}_ms"] = float(v)
 
 
 def good_mask(df: pd.DataFrame, slo: SLO) -> np.ndarray:
@@ -110,11 +139,15 @@ def good_mask(df: pd.DataFrame, slo: SLO) -> np.ndarray:
     return good
 
 
-def summarize(df: pd.DataFrame, itl_s: np.ndarray, slo: SLO, prefix_cache: tuple[int, int] | None = None) -> dict:
-    """The run's summary, keyed by vLLM's benchmark names.
+def summarize(df: pd.DataFrame, itl_s: np.ndarray, slo: SLO, prefix_cache: tuple[int, int] | None = None,
+              response_tail_s: float = 0.0) -> dict:
+    """The run's summary, keyed by vLLM's benchmark names (the client's figures), with the engine's
+    own latencies beside them as `engine_<name>`.
 
     `prefix_cache` is (hit tokens, queried tokens) over every admission, re-admissions after
     preemption included: vLLM's prefix cache hit rate. Without it, hits over prompt tokens.
+    `response_tail_s` is how long after the engine's finish the client sees the response end
+    (`ClientClock.tail_s`): the run's duration ends there, as the client times it.
     """
     done = df[df["outcome"] == Outcome.FINISHED.value]
     counts = Counter(df["outcome"])
@@ -126,7 +159,7 @@ def summarize(df: pd.DataFrame, itl_s: np.ndarray, slo: SLO, prefix_cache: tuple
         "reject_reasons": dict(sorted(Counter(_reason_kind(r) for r in df.loc[df["outcome"] == "rejected", "reason"]).items())),
         "num_preemptions": int(df["preemptions"].sum()),
     }
-    duration = float(done["finish_s"].max() - df["arrival_s"].min()) if len(done) else 0.0
+    duration = float(done["finish_s"].max() + response_tail_s - df["arrival_s"].min()) if len(done) else 0.0
     out["duration_s"] = duration
     arrivals = df["arrival_s"].dropna()
     span = float(arrivals.max() - arrivals.min()) if len(arrivals) > 1 else 0.0
@@ -144,6 +177,9 @@ def summarize(df: pd.DataFrame, itl_s: np.ndarray, slo: SLO, prefix_cache: tuple
     _stats("itl", np.asarray(itl_s, float) * 1e3, out)
     _stats("e2el", done["e2el_ms"].to_numpy(float), out)
     _stats("queue", done["queue_ms"].to_numpy(float), out)
+    for key in ("ttft", "tpot", "e2el", "queue"):  # ITL: every token is delayed alike, so the gaps are the client's
+        _stats(key, done[f"engine_{key}_ms"].to_numpy(float), out, key_prefix="engine_")
+    out["mean_frontend_delay_ms"] = float(done["frontend_delay_ms"].mean()) if len(done) else None
     good = good_mask(df, slo)
     out["slo"] = slo.name
     out["slo_percentile"] = slo.percentile

@@ -101,11 +101,17 @@ def format_table(summary: dict) -> str:
     rows.append(("duration", f"{summary['duration_s']:.1f} s"))
     rows.append(("throughput", f"{summary['request_throughput']:.2f} req/s, {summary['output_throughput']:.0f} out tok/s, "
                                f"{summary['total_token_throughput']:.0f} tok/s"))
+    frontend = summary.get("frontend", "none")
+    if frontend != "none":  # the plain rows are the client's: say so, and show the engine's beside them
+        delay = summary.get("mean_frontend_delay_ms")
+        rows.append((f"front end {frontend}", (f"mean {delay:.1f} ms from the server to the engine's queue; "
+                                               if delay is not None else "") + "unmarked latencies are the client's"))
     for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E latency"), ("queue", "queueing")):
-        if summary.get(f"mean_{key}_ms") is None:
-            continue
-        rows.append((f"{label} ms", "mean {:.1f}  p50 {:.1f}  p90 {:.1f}  p99 {:.1f}".format(
-            *(summary[f"{k}_{key}_ms"] for k in ("mean", "p50", "p90", "p99")))))
+        for prefix in ("", "engine_") if frontend != "none" and key != "itl" else ("",):
+            if summary.get(f"{prefix}mean_{key}_ms") is None:
+                continue
+            rows.append((f"{'engine ' if prefix else ''}{label} ms", "mean {:.1f}  p50 {:.1f}  p90 {:.1f}  p99 {:.1f}".format(
+                *(summary[f"{prefix}{k}_{key}_ms"] for k in ("mean", "p50", "p90", "p99")))))
     rows.append(("preemptions", str(summary["num_preemptions"])))
     if summary.get("prefix_cache_hit_rate"):
         rows.append(("prefix cache hit rate", f"{summary['prefix_cache_hit_rate']:.1%}"))

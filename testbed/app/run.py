@@ -12,7 +12,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -24,6 +24,7 @@ from testbed.core.cost import CostModel
 from testbed.sim.roofline import RooflineCostModel
 from testbed.core.kv import BlockManager
 from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
+from testbed.app.frontend import ClientClock, FrontendConfig, to_engine_queue
 from testbed.app.metrics import SLO, request_table, summarize
 from testbed.app.plugins import make_policy
 from testbed.core.request import Request
@@ -176,6 +177,7 @@ class Setup:
     host_blocks: int
     limits: SchedulerLimits
     knobs: dict
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)  # none: the engine's own times
 
     def make_loop(self, cfg: DictConfig, device_blocks: int | None = None) -> StepLoop:
         kv = BlockManager(device_blocks or self.device_blocks, cfg.kv.block_size, cfg.kv.enable_prefix_caching,
@@ -191,6 +193,8 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
     hw = _obj(cfg.hardware, HardwareSpec)
     slo = _obj(cfg.slo, SLO)
     slo.validate()
+    frontend = _obj(cfg.frontend, FrontendConfig) if "frontend" in cfg else FrontendConfig()
+    frontend.validate()
     reqs, load_rejects = (requests, []) if requests is not None else build_requests(cfg.trace, cfg.seed)
     cost = build_cost_model(cfg, model, hw)
     blocks = device_blocks if device_blocks is not None else device_kv_blocks(cfg, model, hw)
@@ -199,23 +203,30 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
                              cfg.scheduler.max_model_len or model.max_model_len)
     knobs = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
     make_policy(cfg.policy.name, **knobs)  # fail on bad knobs before anything runs
-    return Setup(model, hw, slo, reqs, load_rejects, cost, blocks, host_blocks, limits, knobs)
+    return Setup(model, hw, slo, reqs, load_rejects, cost, blocks, host_blocks, limits, knobs, frontend)
 
 
-def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, t0: float) -> RunResult:
-    """The per-request table and the summary of a replay, whichever backend ran it."""
+def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, t0: float,
+           clock: ClientClock | None = None) -> RunResult:
+    """The per-request table and the summary of a replay, whichever backend ran it. `clock` turns
+    the engine's times into the client's when a front end was modelled (None: they are the same)."""
+    if clock is None and not setup.frontend.is_off:  # check_config refuses it first; a direct call must too
+        raise ValueError(f"frontend={setup.frontend.name}: backend={backend} has no HTTP front end to model "
+                         "(the simulator's only): use frontend=none")
     states = [(i, s) for i, loop in enumerate(outcome.loops) for s in loop.states]
     table = request_table(states, outcome.not_arrived, setup.load_rejects,
-                          "interrupted before it arrived" if outcome.interrupted else "arrives after the horizon")
+                          "interrupted before it arrived" if outcome.interrupted else "arrives after the horizon", clock)
     itl = np.concatenate([np.asarray(loop.itl) for loop in outcome.loops]) if outcome.loops else np.empty(0)
     loops = outcome.loops
-    summary = summarize(table, itl, setup.slo, (sum(l.kv.hit_tokens for l in loops), sum(l.kv.queried_tokens for l in loops)))
+    summary = summarize(table, itl, setup.slo, (sum(l.kv.hit_tokens for l in loops), sum(l.kv.queried_tokens for l in loops)),
+                        clock.tail_s if clock is not None else 0.0)
     summary.update(policy=cfg.policy.name, trace=cfg.trace.name, model=setup.model.name, hardware=setup.hardware.name,
                    cost_model=setup.cost.name, backend=backend, kv_blocks=loops[0].kv.num_blocks,
                    block_size=cfg.kv.block_size, seed=cfg.seed, stalled=outcome.stalled,
                    interrupted=outcome.interrupted,
                    num_steps=sum(sum(l.series.steps[:len(l.series.duration)]) for l in loops),
-                   num_events=sum(len(l.series.duration) for l in loops))
+                   num_events=sum(len(l.series.duration) for l in loops),
+                   frontend=setup.frontend.name if clock is not None else "none")
     rows = len(setup.requests) + len(setup.load_rejects)
     if summary["num_requests"] != rows:
         raise AssertionError(f"accounting broke: {summary['num_requests']} result rows for {rows} trace rows")
@@ -230,12 +241,13 @@ def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: Mod
     if cfg.backend.name != "sim":
         raise ValueError(f"backend.name={cfg.backend.name!r}: simulate() runs backend=sim")
     setup = prepare(cfg, model=model, requests=requests)
-    with progress_bar(cfg, setup.requests) as progress:
-        sim = Simulation(setup.requests, lambda: setup.make_loop(cfg), setup.cost, cfg.backend.replicas,
+    engine_requests, clock = to_engine_queue(setup.requests, setup.frontend)  # the front end delays arrivals
+    with progress_bar(cfg, engine_requests) as progress:
+        sim = Simulation(engine_requests, lambda: setup.make_loop(cfg), setup.cost, cfg.backend.replicas,
                          cfg.backend.router, cfg.backend.horizon_s, cfg.backend.fast_forward, progress,
                          cfg.backend.async_scheduling)
         with gc_paused():
-            return finish(cfg, setup, sim.run(stop), "sim", t0)
+            return finish(cfg, setup, sim.run(stop), "sim", t0, clock)
 
 
 def replay_on_engine(cfg: DictConfig, stop: Callable[[], bool] | None = None) -> RunResult:

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Union
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from testbed.app.config import BackendConfig, TestbedConfig
+from testbed.app.frontend import FrontendConfig
 from testbed.app.plugins import load_policies
 from testbed.core.bounds import bounds_of, range_problem
 
@@ -39,7 +40,7 @@ def check_config(cfg: DictConfig, backend: str | None = None) -> None:
     """Raise ConfigError listing every key of `cfg` that its schema does not declare, every
     numeric value outside the range its field declares (`testbed.core.bounds`), and, when the
     run uses the engine or vLLM (`backend`, else `cfg.backend.name`), every simulator-only key set
-    (the engine and vLLM serve one replica and run every step)."""
+    (the engine and vLLM serve one replica, run every step and have no HTTP front end)."""
     problems = [p for path, node, schema in schema_nodes(cfg)
                 for p in unknown_keys(path, node, schema) + out_of_range(path, node, schema)]
     name = backend or cfg.backend.get("name")
@@ -96,12 +97,17 @@ def out_of_range(path: str, node: DictConfig, schema: type | None) -> list[str]:
     return out
 
 
+SIM_ONLY_GROUPS = (("backend", BackendConfig, ""), ("frontend", FrontendConfig, " (frontend=none)"))
+
+
 def sim_only_keys_set(cfg: DictConfig, backend: str = "engine") -> list[str]:
-    """The backend keys that only the simulator reads, set to anything but their default."""
-    return [f"backend.{f.name}={_as_override(cfg.backend[f.name])}: the simulator's only ({f.metadata['sim_only']}); "
-            f"backend={backend} would ignore it: leave it at {_as_override(f.default)}"
-            for f in dataclasses.fields(BackendConfig)
-            if "sim_only" in f.metadata and cfg.backend.get(f.name, f.default) != f.default]
+    """The keys that only the simulator reads (`sim_only` on their field: the backend's replica and
+    step keys, the modelled HTTP front end's delays), set to anything but their default."""
+    return [f"{group}.{f.name}={_as_override(node[f.name])}: the simulator's only ({f.metadata['sim_only']}); "
+            f"backend={backend} would ignore it: leave it at {_as_override(f.default)}{hint}"
+            for group, schema, hint in SIM_ONLY_GROUPS if (node := cfg.get(group)) is not None
+            for f in dataclasses.fields(schema)
+            if "sim_only" in f.metadata and node.get(f.name, f.default) != f.default]
 
 
 def _as_override(value: Any) -> str:
