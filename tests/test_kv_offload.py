@@ -1,0 +1,229 @@
+"""The host KV tier behind the prefix cache (kv.offload_gb): evicted prefix blocks are hit again
+from host memory, loaded over the host link in the admitting step, and the tier stays within
+its size, least recently used out first."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import FixedCost, make_requests
+from testbed.app.plugins import make_policy
+from testbed.core.cost import BatchShape
+from testbed.core.kv import BlockManager
+from testbed.core.kv_offload import OffloadingBlockManager
+from testbed.core.loop import SchedulerLimits, StepLoop
+from testbed.core.request import Request, RequestState
+from testbed.core.specs import HardwareSpec, ModelSpec
+from testbed.sim.roofline import RooflineCostModel
+
+BS = 16
+
+
+def drive(loop: StepLoop, reqs, until_id=None):
+    """Replay `reqs` through the loop one at a time, each arriving after the previous finished;
+    return the first batch that admits request `until_id` (not run), or None."""
+    now = 0.0
+    for r in reqs:
+        loop.arrive(r, now)
+        while loop.has_work:
+            batch = loop.plan(now)
+            if until_id is not None and any(s.req.id == until_id for s, _ in batch.items):
+                return batch
+            now += 0.01
+            loop.complete(batch, now)
+    return None
+
+
+def offload_loop(offload_blocks: int, device_blocks: int = 80, policy: str = "vllm") -> StepLoop:
+    args = (device_blocks, BS, True, 0, "scheduled")
+    kv = OffloadingBlockManager(*args, offload_blocks) if offload_blocks else BlockManager(*args)
+    return StepLoop(make_policy(policy), kv, SchedulerLimits(2048, 8, 10_000), FixedCost())
+
+
+# A's prefix, then B's, which evicts most of A's cached blocks from an 80-block device, then A's again
+PROMPT = 1000
+SEQ = [(0, PROMPT, 4, (1, 2)), (0, PROMPT, 4, (3, 4)), (0, PROMPT, 4, (1, 2))]
+
+
+def test_an_evicted_prefix_is_loaded_from_host_and_the_step_pays_the_transfer():
+    loop = offload_loop(offload_blocks=200)
+    reqs = make_requests(SEQ)
+    drive(loop, reqs[:2])
+    kv = loop.kv
+    keys = kv.prefix_keys(RequestState(reqs[2]))
+    on_device = next(i for i, k in enumerate(keys) if k not in kv._cached)
+    in_host = sum(1 for k in keys[on_device:] if kv.in_host(k))
+    assert in_host > 0 and on_device + in_host == len(keys)  # B evicted A's tail; the host kept it
+    batch = drive(loop, reqs[2:], until_id=2)
+    (s, n), = batch.items
+    assert batch.shape.load_blocks == in_host
+    assert s.num_computed == len(keys) * BS and n == PROMPT - len(keys) * BS  # nothing of the hit recomputed
+    assert kv.offload_hit_tokens == in_host * BS and kv.hit_tokens == on_device * BS
+    # the roofline charges the load at the host link, exactly as a swap of that many blocks
+    m, hw = ModelSpec(), HardwareSpec()
+    cost = RooflineCostModel(m, hw, block_size=BS)
+    with_load = cost.step_time(batch.shape)
+    batch.shape.load_blocks = 0
+    assert with_load - cost.step_time(batch.shape) == pytest.approx(in_host * BS * m.kv_bytes_per_token / hw.host_link_bandwidth)
+    kv.check_invariants(loop.states)
+
+
+def test_without_offload_the_evicted_prefix_is_recomputed():
+    loop = offload_loop(offload_blocks=0)
+    reqs = make_requests(SEQ)
+    drive(loop, reqs[:2])
+    keys = loop.kv.prefix_keys(RequestState(reqs[2]))
+    on_device = next(i for i, k in enumerate(keys) if k not in loop.kv._cached)
+    batch = drive(loop, reqs[2:], until_id=2)
+    (s, n), = batch.items
+    assert batch.shape.load_blocks == 0
+    assert s.num_computed == on_device * BS and n == PROMPT - on_device * BS
+
+
+def one_block_request(rid: int, key: int) -> RequestState:
+    """A 5-token prompt of 4-token blocks: one full block of shared prefix `key`, one partial."""
+    return RequestState(Request(id=rid, arrival=0.0, prompt_len=5, output_len=1, prefix_hashes=(key,),
+                                prefix_block_tokens=4))
+
+
+def serve(kv: BlockManager, s: RequestState) -> None:
+    s.num_computed = kv.acquire_prefix(s)
+    kv.allocate(s, s.req.prompt_len - s.num_computed)
+    s.num_computed = s.req.prompt_len
+    kv.register(s, s.num_computed)
+    kv.free(s, finished=True)
+
+
+def test_the_host_tier_keeps_its_size_and_drops_the_least_recently_used():
+    kv = OffloadingBlockManager(2, 4, num_offload_blocks=2)  # each request takes the whole device
+    for rid, key in enumerate((1, 2, 3, 4)):
+        serve(kv, one_block_request(rid, key))
+        assert kv.num_host_cached_blocks <= 2
+    key_of = {k: kv.prefix_keys(one_block_request(0, k))[0] for k in (1, 2, 3, 4)}
+    # 1, 2 and 3 were evicted in that order; 4 is still on the device
+    assert [kv.in_host(key_of[k]) for k in (1, 2, 3)] == [False, True, True]
+    assert kv.match_prefix(one_block_request(9, 1)) == 0  # dropped: recomputed
+    again = one_block_request(10, 2)
+    assert kv.match_prefix(again) == 4
+    serve(kv, again)  # loading 2 refreshes it; evicting 4 then drops 3, now the oldest
+    assert kv.loaded_blocks == 1
+    assert [kv.in_host(key_of[k]) for k in (2, 3, 4)] == [True, False, True]
+    kv.check_invariants([])
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["admit"] * 4 + ["finish"] * 3 + ["grow", "preempt", "evict"]),
+                         st.integers(0, 7), st.integers(1, 36)), min_size=5, max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS, device=st.integers(4, 16), host=st.integers(1, 12), finished_mode=st.booleans())
+def test_random_traffic_never_loses_or_double_counts_a_block(ops, device, host, finished_mode):
+    kv = OffloadingBlockManager(device, 4, num_offload_blocks=host,
+                                cache_decode_tokens="finished" if finished_mode else "scheduled")
+    prefixes = [(1, 2, 3, 4, 5, 6), (1, 2, 3, 9, 9, 9), (5, 6, 7, 8), (1,), (7, 8, 9, 10, 11, 12, 13, 14)]
+    states: list[RequestState] = []
+    live: list[RequestState] = []
+    for op, pick, tokens in ops:
+        if op == "admit":
+            s = RequestState(Request(id=len(states), arrival=0.0, prompt_len=tokens, output_len=4,
+                                     prefix_hashes=prefixes[pick % len(prefixes)], prefix_block_tokens=4))
+            states.append(s)
+            n = s.known_len - kv.match_prefix(s)
+            need = kv.admission_blocks(s, n)
+            if need > kv.num_free_blocks:
+                continue
+            free = kv.num_free_blocks
+            s.num_computed = kv.acquire_prefix(s)
+            assert s.num_computed + n == s.known_len
+            kv.allocate(s, n)
+            assert free - kv.num_free_blocks == need  # the admission's count is exact, loads included
+            kv.register(s, s.num_computed + n)
+            s.num_computed += n
+            live.append(s)
+        elif op in ("grow", "finish", "preempt") and live:
+            s = live[pick % len(live)]
+            if op == "grow":
+                if kv.blocks_needed(s, tokens) <= kv.num_free_blocks:
+                    kv.allocate(s, tokens)
+                    kv.register(s, s.num_computed + tokens)
+                    s.num_computed += tokens
+            else:
+                kv.free(s, finished=op == "finish")
+                s.num_computed = 0
+                live.remove(s)
+        elif op == "evict":
+            kv.evict_to_free(tokens % (device + 1))
+        assert kv.num_free_blocks + kv.num_used_blocks == kv.num_blocks
+        assert kv.num_host_cached_blocks <= host
+        kv.check_invariants(states)
+    assert kv.offload_hit_tokens == kv.loaded_blocks * 4
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+def test_mooncake_with_a_small_device_cache_hits_more_with_offload(policy):
+    from hydra import compose, initialize_config_dir
+
+    from testbed.app.cli import CONF_DIR
+    from testbed.app.run import simulate
+
+    results, computed = {}, {}
+    for gb in (0, 8):
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=[
+                "trace=mooncake", "trace.max_requests=400", f"policy={policy}",
+                f"kv.num_blocks={3000 if policy == 'vllm' else 48000}", f"kv.offload_gb={gb}"])
+        run = simulate(cfg)
+        results[gb], computed[gb] = run.summary, int(run.steps["prefill_tokens"].sum())
+    off, on = results[0], results[8]
+    assert "offload_hit_tokens" not in off and on["completed"] == off["completed"]
+    assert on["offload_hit_tokens"] > 0 and on["external_prefix_cache_hit_rate"] > 0
+    assert on["total_prefix_hit_rate"] > off["prefix_cache_hit_rate"]
+    assert computed[8] < computed[0]
+
+
+def compose_cfg(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from testbed.app.cli import CONF_DIR
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_a_profile_cost_model_charges_loads_at_the_host_link_only_with_offload_on():
+    """The shipped profile predates `load_blocks` (no such column) and still loads."""
+    from testbed.app.run import _obj, build_cost_model
+
+    cfg = compose_cfg("cost_model=profile", "model=tiny_llama", "hardware=cpu", "kv.offload_gb=1")
+    model, hw = _obj(cfg.model, ModelSpec), _obj(cfg.hardware, HardwareSpec)
+    cost = build_cost_model(cfg, model, hw)
+    shape = BatchShape(num_prefill_tokens=64, num_prefill_seqs=1, prefill_attn_pairs=64 * 32.5, prefill_kv_tokens=64)
+    loaded = BatchShape(**{**{f: getattr(shape, f) for f in BatchShape.__dataclass_fields__}, "load_blocks": 10})
+    per_block = cfg.kv.block_size * model.kv_bytes_per_token / hw.host_link_bandwidth
+    assert cost.step_time(loaded) - cost.step_time(shape) == pytest.approx(10 * per_block)
+    plain = build_cost_model(compose_cfg("cost_model=profile", "model=tiny_llama", "hardware=cpu"), model, hw)
+    assert plain.step_time(loaded) == plain.step_time(shape)  # off: nothing charged, the shared fit untouched
+
+
+@pytest.mark.parametrize("backend", ["engine", "vllm"])
+def test_the_real_backends_refuse_a_host_tier(backend):
+    from testbed.app.validate import ConfigError, check_config
+
+    with pytest.raises(ConfigError, match=r"kv.offload_gb=4.0: the simulator's only"):
+        check_config(compose_cfg("kv.offload_gb=4"), backend=backend)
+    check_config(compose_cfg("kv.offload_gb=4"), backend="sim")
+
+
+def test_an_offload_size_below_one_block_is_refused():
+    from testbed.app.run import offload_kv_blocks
+
+    cfg = compose_cfg("kv.offload_gb=1e-9")
+    with pytest.raises(ValueError, match=r"kv.offload_gb=1e-09: holds no KV block"):
+        offload_kv_blocks(cfg, _model(cfg))
+
+
+def _model(cfg):
+    from testbed.app.run import _obj
+
+    return _obj(cfg.model, ModelSpec)
