@@ -8,12 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import FixedCost, make_requests
+from test_policy_properties import CheckedLoop
 from testbed.app.plugins import make_policy
 from testbed.core.cost import BatchShape
 from testbed.core.kv import BlockManager
 from testbed.core.kv_offload import OffloadingBlockManager
 from testbed.core.loop import SchedulerLimits, StepLoop
-from testbed.core.request import Request, RequestState
+from testbed.core.request import Request, RequestState, Status
+from testbed.policies import registered
+from testbed.sim.simulation import Simulation
 from testbed.core.specs import HardwareSpec, ModelSpec
 from testbed.sim.roofline import RooflineCostModel
 
@@ -35,9 +38,10 @@ def drive(loop: StepLoop, reqs, until_id=None):
     return None
 
 
-def offload_loop(offload_blocks: int, device_blocks: int = 80, policy: str = "vllm") -> StepLoop:
+def offload_loop(offload_blocks: int, device_blocks: int = 80, policy: str = "vllm",
+                 write_policy: str = "write_through") -> StepLoop:
     args = (device_blocks, BS, True, 0, "scheduled")
-    kv = OffloadingBlockManager(*args, offload_blocks) if offload_blocks else BlockManager(*args)
+    kv = OffloadingBlockManager(*args, offload_blocks, write_policy) if offload_blocks else BlockManager(*args)
     return StepLoop(make_policy(policy), kv, SchedulerLimits(2048, 8, 10_000), FixedCost())
 
 
@@ -46,8 +50,9 @@ PROMPT = 1000
 SEQ = [(0, PROMPT, 4, (1, 2)), (0, PROMPT, 4, (3, 4)), (0, PROMPT, 4, (1, 2))]
 
 
-def test_an_evicted_prefix_is_loaded_from_host_and_the_step_pays_the_transfer():
-    loop = offload_loop(offload_blocks=200)
+@pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
+def test_an_evicted_prefix_is_loaded_from_host_and_the_step_pays_the_transfer(write_policy):
+    loop = offload_loop(offload_blocks=200, write_policy=write_policy)
     reqs = make_requests(SEQ)
     drive(loop, reqs[:2])
     kv = loop.kv
@@ -95,15 +100,20 @@ def serve(kv: BlockManager, s: RequestState) -> None:
     kv.free(s, finished=True)
 
 
-def test_the_host_tier_keeps_its_size_and_drops_the_least_recently_used():
-    kv = OffloadingBlockManager(2, 4, num_offload_blocks=2)  # each request takes the whole device
+def host_tier_after_four(write_policy):
+    """Requests with one-block prefixes 1, 2, 3, 4 in turn, each taking the whole 2-block device."""
+    kv = OffloadingBlockManager(2, 4, num_offload_blocks=2, write_policy=write_policy)
     for rid, key in enumerate((1, 2, 3, 4)):
         serve(kv, one_block_request(rid, key))
         assert kv.num_host_cached_blocks <= 2
-    key_of = {k: kv.prefix_keys(one_block_request(0, k))[0] for k in (1, 2, 3, 4)}
-    # 1, 2 and 3 were evicted in that order; 4 is still on the device
-    assert [kv.in_host(key_of[k]) for k in (1, 2, 3)] == [False, True, True]
-    assert kv.match_prefix(one_block_request(9, 1)) == 0  # dropped: recomputed
+    return kv, {k: kv.prefix_keys(one_block_request(0, k))[0] for k in range(1, 6)}
+
+
+def test_written_back_the_host_tier_keeps_the_last_evicted_least_recently_used_out():
+    kv, key_of = host_tier_after_four("write_back")
+    # 1, 2 and 3 were evicted in that order (4 is still on the device): 1 was dropped
+    assert [kv.in_host(key_of[k]) for k in (1, 2, 3, 4)] == [False, True, True, False]
+    assert kv.match_prefix(one_block_request(9, 1)) == 0  # recomputed
     again = one_block_request(10, 2)
     assert kv.match_prefix(again) == 4
     serve(kv, again)  # loading 2 refreshes it; evicting 4 then drops 3, now the oldest
@@ -112,14 +122,29 @@ def test_the_host_tier_keeps_its_size_and_drops_the_least_recently_used():
     kv.check_invariants([])
 
 
+def test_written_through_the_host_tier_keeps_the_last_cached_least_recently_used_out():
+    kv, key_of = host_tier_after_four("write_through")
+    # stored as cached: 1, 2, 3, 4; the tier of 2 kept 3 and 4 (4 also still on the device)
+    assert [kv.in_host(key_of[k]) for k in (1, 2, 3, 4)] == [False, False, True, True]
+    assert kv.match_prefix(one_block_request(9, 2)) == 0  # evicted from both: recomputed
+    again = one_block_request(10, 3)
+    assert kv.match_prefix(again) == 4
+    serve(kv, again)  # loads 3 (refreshed); evicting 4 from the device stores nothing
+    assert kv.loaded_blocks == 1
+    serve(kv, one_block_request(11, 5))  # storing 5 drops 4, the oldest
+    assert [kv.in_host(key_of[k]) for k in (3, 4, 5)] == [True, False, True]
+    kv.check_invariants([])
+
+
 OPS = st.lists(st.tuples(st.sampled_from(["admit"] * 4 + ["finish"] * 3 + ["grow", "preempt", "evict"]),
                          st.integers(0, 7), st.integers(1, 36)), min_size=5, max_size=60)
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=OPS, device=st.integers(4, 16), host=st.integers(1, 12), finished_mode=st.booleans())
-def test_random_traffic_never_loses_or_double_counts_a_block(ops, device, host, finished_mode):
-    kv = OffloadingBlockManager(device, 4, num_offload_blocks=host,
+@given(ops=OPS, device=st.integers(4, 16), host=st.integers(1, 12), finished_mode=st.booleans(),
+       write_policy=st.sampled_from(["write_through", "write_back"]))
+def test_random_traffic_never_loses_or_double_counts_a_block(ops, device, host, finished_mode, write_policy):
+    kv = OffloadingBlockManager(device, 4, num_offload_blocks=host, write_policy=write_policy,
                                 cache_decode_tokens="finished" if finished_mode else "scheduled")
     prefixes = [(1, 2, 3, 4, 5, 6), (1, 2, 3, 9, 9, 9), (5, 6, 7, 8), (1,), (7, 8, 9, 10, 11, 12, 13, 14)]
     states: list[RequestState] = []
@@ -160,8 +185,8 @@ def test_random_traffic_never_loses_or_double_counts_a_block(ops, device, host, 
     assert kv.offload_hit_tokens == kv.loaded_blocks * 4
 
 
-@pytest.mark.parametrize("policy", ["vllm", "sglang"])
-def test_mooncake_with_a_small_device_cache_hits_more_with_offload(policy):
+@pytest.mark.parametrize("policy, write_policy", [("vllm", "write_through"), ("sglang", "write_back")])
+def test_mooncake_with_a_small_device_cache_hits_more_with_offload(policy, write_policy):
     from hydra import compose, initialize_config_dir
 
     from testbed.app.cli import CONF_DIR
@@ -172,12 +197,14 @@ def test_mooncake_with_a_small_device_cache_hits_more_with_offload(policy):
         with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
             cfg = compose("config", overrides=[
                 "trace=mooncake", "trace.max_requests=400", f"policy={policy}",
-                f"kv.num_blocks={3000 if policy == 'vllm' else 48000}", f"kv.offload_gb={gb}"])
+                f"kv.num_blocks={3000 if policy == 'vllm' else 48000}", f"kv.offload_gb={gb}",
+                f"kv.offload_write_policy={write_policy}"])
         run = simulate(cfg)
         results[gb], computed[gb] = run.summary, int(run.steps["prefill_tokens"].sum())
     off, on = results[0], results[8]
     assert "offload_hit_tokens" not in off and on["completed"] == off["completed"]
     assert on["offload_hit_tokens"] > 0 and on["external_prefix_cache_hit_rate"] > 0
+    assert on["offload_write_policy"] == write_policy
     assert on["total_prefix_hit_rate"] > off["prefix_cache_hit_rate"]
     assert computed[8] < computed[0]
 
@@ -227,3 +254,40 @@ def _model(cfg):
     from testbed.app.run import _obj
 
     return _obj(cfg.model, ModelSpec)
+
+
+@pytest.mark.parametrize("name", sorted(registered()))
+@settings(max_examples=25, deadline=None)
+@given(specs=st.lists(st.tuples(st.floats(0, 0.5), st.integers(1, 60), st.integers(1, 12), st.integers(0, 3)),
+                      min_size=1, max_size=14),
+       num_blocks=st.integers(6, 40), block_size=st.integers(1, 8), budget=st.integers(8, 128),
+       max_seqs=st.integers(1, 8), offload=st.integers(1, 12),
+       write_policy=st.sampled_from(["write_through", "write_back"]))
+def test_every_policy_keeps_the_invariants_with_a_host_tier(name, specs, num_blocks, block_size, budget, max_seqs,
+                                                           offload, write_policy):
+    """test_policy_properties' run with a host tier: plans stay within KV capacity (a load takes a
+    fresh block the plan counted), the books balance, every request that fits finishes."""
+    prefixes = [(), (7, 8, 9, 10), (7, 8, 1, 2), (3, 4, 5)]
+    arrivals = sorted(s[0] for s in specs)
+    reqs = [Request(id=i, arrival=t, prompt_len=p, output_len=o, prefix_hashes=prefixes[k], prefix_block_tokens=8)
+            for i, (t, (_, p, o, k)) in enumerate(zip(arrivals, specs))]
+    cost = FixedCost(0.01, 0.0005)
+    limits = SchedulerLimits(budget, max_seqs, 10_000)
+    mode = "finished" if name == "sglang" else "scheduled"
+    sim = Simulation(reqs, lambda: CheckedLoop(make_policy(name), OffloadingBlockManager(
+        num_blocks, block_size, True, 16, mode, offload, write_policy), limits, cost), cost)
+    out = sim.run()
+    loop = out.loops[0]
+    assert not out.stalled, f"policy {name!r} stalled with requests left"
+    for s in loop.states:
+        if -(-s.req.total_len // block_size) <= num_blocks:
+            assert s.status is Status.FINISHED, f"request {s.req.id} ended {s.status.value}: {s.reject_reason}"
+    assert loop.kv.num_free_blocks == num_blocks and loop.kv.num_host_cached_blocks <= offload
+
+
+def test_an_unknown_write_policy_is_refused_even_with_offload_off():
+    from testbed.app.run import offload_kv_blocks
+
+    cfg = compose_cfg("kv.offload_write_policy=write_around")
+    with pytest.raises(ValueError, match=r"kv.offload_write_policy='write_around': expected one of write_through, write_back"):
+        offload_kv_blocks(cfg, _model(cfg))

@@ -23,7 +23,7 @@ from testbed import traces
 from testbed.core.cost import CostModel
 from testbed.sim.roofline import RooflineCostModel
 from testbed.core.kv import BlockManager
-from testbed.core.kv_offload import OffloadingBlockManager
+from testbed.core.kv_offload import WRITE_POLICIES, OffloadingBlockManager
 from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
 from testbed.app.metrics import SLO, request_table, summarize
 from testbed.app.plugins import make_policy
@@ -141,6 +141,9 @@ def with_host_link(cost, cfg: DictConfig, model: ModelSpec, hw: HardwareSpec):
 
 def offload_kv_blocks(cfg: DictConfig, model: ModelSpec) -> int:
     """Host KV tier capacity in blocks (kv.offload_gb; 0: no tier)."""
+    policy = cfg.kv.get("offload_write_policy", "write_through")
+    if policy not in WRITE_POLICIES:
+        raise ValueError(f"kv.offload_write_policy={policy!r}: expected one of {', '.join(WRITE_POLICIES)}")
     gb = cfg.kv.get("offload_gb") or 0.0
     if not gb:
         return 0
@@ -184,7 +187,8 @@ class Setup:
     def make_loop(self, cfg: DictConfig, device_blocks: int | None = None) -> StepLoop:
         args = (device_blocks or self.device_blocks, cfg.kv.block_size, cfg.kv.enable_prefix_caching,
                 self.host_blocks, cfg.kv.cache_decode_tokens)
-        kv = OffloadingBlockManager(*args, self.offload_blocks) if self.offload_blocks else BlockManager(*args)
+        kv = (OffloadingBlockManager(*args, self.offload_blocks, cfg.kv.offload_write_policy) if self.offload_blocks
+              else BlockManager(*args))
         return StepLoop(make_policy(cfg.policy.name, **self.knobs), kv, self.limits, self.cost,
                         record_token_times=cfg.output.record_token_times)
 
@@ -236,6 +240,7 @@ def offload_summary(kvs: list[OffloadingBlockManager]) -> dict:
     loaded, looked_up = sum(k.offload_hit_tokens for k in kvs), sum(k.offload_queried_tokens for k in kvs)
     queried = sum(k.queried_tokens for k in kvs)
     return {"offload_blocks": kvs[0].num_offload_blocks if kvs else 0,
+            "offload_write_policy": "write_through" if kvs and kvs[0].write_through else "write_back",
             "offload_hit_tokens": int(loaded),
             "offload_loaded_blocks": int(sum(k.loaded_blocks for k in kvs)),
             "external_prefix_cache_hit_rate": loaded / looked_up if looked_up else 0.0,

@@ -15,22 +15,30 @@ is far cheaper than the prefill it saves. The real systems:
   (`update_state_after_alloc`, scheduler.py L1146). Its hits are reported apart from the GPU
   prefix cache's: connector queries are the tokens past the local hit, connector hits the
   tokens loaded (sched/scheduler.py L1041-1042, L1295-1300).
-- SGLang's hierarchical cache (`--enable-hierarchical-cache`, `--hicache-size`) with
-  `--hicache-write-policy write_back` backs a radix node up to host memory when it is evicted
-  from the device (`UnifiedTreeCore.evict_device_leaf`, sglang 0.5.23
-  mem_cache/unified_cache/unified_tree_core.py L1788-1815), and loads host-resident prefix
-  nodes back when a request that hits them is admitted (`init_load_back`,
+- SGLang's hierarchical cache (`--enable-hierarchical-cache`, `--hicache-size`): on a device
+  eviction a node with no host backup is backed up first under `--hicache-write-policy
+  write_back`, and deleted under write-through (`UnifiedTreeCore.evict_device_leaf`, sglang
+  0.5.23 mem_cache/unified_cache/unified_tree_core.py L1788-1815); host-resident prefix nodes
+  are loaded back when a request that hits them is admitted (`init_load_back`,
   managers/schedule_policy.py L1470-1525), before that batch's forward.
 
-This tier follows SGLang's write-back: a shared-prefix key enters the host tier when its last
-device copy is evicted, so device and host together hold more distinct prefix than either
-(vLLM's write-through keeps a host copy of device-resident blocks too; with a host tier much
-larger than the device's the two hold the same prefixes). Loaded keys stay in the host tier,
-refreshed (both systems keep the host copy after a load). The host tier holds only keys of a
-trace's shared prefix, not a request's own content (prompt tail, outputs), which only that
-request could hit again after a recompute preemption. A load is synchronous: the admitting
-step pays `load_blocks` blocks over the host link (vLLM loads asynchronously and runs the
-request a step later; SGLang overlaps the load layer by layer with that step's forward).
+Both write through by default: vLLM always; SGLang's `--hicache-write-policy` is `write_through`
+by default (sglang 0.5.23 arg_groups/fields/memory.py L121-127), a node backed up once inserted
+(hit count >= 1, `UnifiedTreeCore._inc_hit_count_and_check` L1104-1122 with the threshold of
+unified_radix_cache.py L558-560). `kv.offload_write_policy`:
+
+- `write_through`: a shared-prefix block's key enters the host tier when the block is cached
+  (registered), so the host also holds what is still on the device; a device eviction adds
+  nothing, and a key the host tier dropped meanwhile is gone once evicted from the device.
+- `write_back`: a key enters the host tier when its last device copy is evicted (SGLang's
+  `write_back`), so device and host together hold more distinct prefix than either.
+
+The host tier is an LRU of keys (vLLM's `LRUCachePolicy`); a store or a load refreshes a key.
+It holds only keys of a trace's shared prefix, not a request's own content (prompt tail,
+outputs), which only that request could hit again after a recompute preemption. A load is
+synchronous: the admitting step pays `load_blocks` blocks over the host link (vLLM loads
+asynchronously and runs the request a step later; SGLang overlaps the load layer by layer with
+that step's forward). Stores cost the step nothing (both copy device to host asynchronously).
 """
 from __future__ import annotations
 
@@ -40,9 +48,13 @@ from testbed.core.kv import BlockManager, KVPreview
 from testbed.core.request import RequestState
 
 
+WRITE_POLICIES = ("write_through", "write_back")
+
+
 class OffloadingBlockManager(BlockManager):
-    """A BlockManager whose evicted shared-prefix blocks are kept, by key, in a host LRU of
-    `num_offload_blocks` blocks, and hit again by a prefix lookup past the device's hit.
+    """A BlockManager whose shared-prefix blocks are kept, by key, in a host LRU of
+    `num_offload_blocks` blocks (written through when cached, or back when evicted), and hit
+    again by a prefix lookup past the device's hit.
 
     Statistics: `hit_tokens` / `queried_tokens` stay the device prefix cache's (vLLM's
     `prefix_cache_hit_rate`: host hits are not in it); `offload_hit_tokens` /
@@ -51,10 +63,14 @@ class OffloadingBlockManager(BlockManager):
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 num_host_blocks: int = 0, cache_decode_tokens: str = "scheduled", num_offload_blocks: int = 1):
+                 num_host_blocks: int = 0, cache_decode_tokens: str = "scheduled", num_offload_blocks: int = 1,
+                 write_policy: str = "write_through"):
         super().__init__(num_blocks, block_size, enable_prefix_caching, num_host_blocks, cache_decode_tokens)
         if num_offload_blocks < 1:
             raise ValueError(f"num_offload_blocks={num_offload_blocks}: must be >= 1 (0 is a plain BlockManager)")
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"kv.offload_write_policy={write_policy!r}: expected one of {WRITE_POLICIES}")
+        self.write_through = write_policy == "write_through"
         self.num_offload_blocks = num_offload_blocks
         self._host_keys: OrderedDict[int, None] = OrderedDict()  # shared content keys in host memory, LRU first
         self.offload_hit_tokens = 0
@@ -71,13 +87,23 @@ class OffloadingBlockManager(BlockManager):
 
     # --- the host tier --------------------------------------------------------------------
     def _drop_key(self, b: int) -> None:
-        """Block `b` no longer caches its shared content; the last device copy goes to host."""
+        """Block `b` no longer caches its shared content; written back, the last device copy goes to host."""
         key = self._key_of.pop(b)
         holders = self._cached[key]
         holders.remove(b)
         if not holders:
             del self._cached[key]
-            self._keep_in_host(key)
+            if not self.write_through:
+                self._keep_in_host(key)
+
+    def register(self, state: RequestState, num_tokens: int) -> None:
+        """As BlockManager's; written through, the shared-prefix blocks it caches are stored to host."""
+        start = state.num_cached_blocks
+        super().register(state, num_tokens)
+        if self.write_through:
+            keys = self.prefix_keys(state)
+            for key in keys[start:min(state.num_cached_blocks, len(keys))]:
+                self._keep_in_host(key)
 
     def _keep_in_host(self, key: int) -> None:
         host = self._host_keys
@@ -158,7 +184,14 @@ class OffloadingBlockManager(BlockManager):
 class OffloadPreview(KVPreview):
     """KVPreview with host hits: each block a request would load counts as a hit that takes a
     free block, reported in `revive` as ("load", key) (policies count `revive` entries as hit
-    blocks that consume free blocks), and its key is on the device for later items."""
+    blocks that consume free blocks), and its key is on the device for later items.
+
+    Written back, a key whose every device copy this plan's allocations evict is in the host tier
+    by the time a later item is admitted, so it counts as a host hit. The host tier's own LRU drops within
+    the plan are not followed: a key counted may be gone at admission, which only makes the hit
+    shorter (each block is then computed instead of loaded, in the same fresh block), never the
+    blocks taken more than planned.
+    """
 
     def match(self, state: RequestState) -> tuple[int, list]:
         n, revive = super().match(state)
@@ -167,10 +200,16 @@ class OffloadPreview(KVPreview):
             return n, revive
         keys = kv.prefix_keys(state)
         lim = min((state.known_len - 1) // kv.block_size, len(keys))
-        while n < lim and kv.in_host(keys[n]):
+        while n < lim and (kv.in_host(keys[n]) or self._evicted_by_plan(keys[n])):
             revive.append(("load", keys[n]))
             n += 1
         return n, revive
+
+    def _evicted_by_plan(self, key: int) -> bool:
+        if self.kv.write_through:  # an eviction stores nothing: the key is in host already, or not at all
+            return False
+        holders = self.kv._cached.get(key)
+        return holders is not None and all(b in self._taken for b in holders)
 
     def _catch_up(self) -> None:
         kv, bs = self.kv, self.kv.block_size
