@@ -291,3 +291,15 @@ def test_an_unknown_write_policy_is_refused_even_with_offload_off():
     cfg = compose_cfg("kv.offload_write_policy=write_around")
     with pytest.raises(ValueError, match=r"kv.offload_write_policy='write_around': expected one of write_through, write_back"):
         offload_kv_blocks(cfg, _model(cfg))
+
+
+def test_a_predicted_shape_carries_the_loads_the_admission_will_make():
+    loop = offload_loop(offload_blocks=200)
+    reqs = make_requests(SEQ)
+    drive(loop, reqs[:2])
+    loop.arrive(reqs[2], 1.0)
+    (s,) = loop.waiting
+    predicted = loop.shape_of([(s, loop.view.num_new_tokens(s))])
+    batch = loop.plan(1.0)
+    assert predicted.load_blocks == batch.shape.load_blocks > 0
+    assert predicted.num_prefill_tokens == batch.shape.num_prefill_tokens

@@ -167,6 +167,12 @@ class OffloadingBlockManager(BlockManager):
         self._unreported_loads += h
         return (got + h) * bs
 
+    def loads_for(self, state: RequestState, num_new_tokens: int) -> int:
+        """Blocks admitting this waiting request with `num_new_tokens` would load from host (read-only)."""
+        d, h = self._matched(state)
+        total = min(d + h, (state.known_len - num_new_tokens) // self.block_size)
+        return max(0, total - d)
+
     def take_loaded_blocks(self) -> int:
         """Blocks loaded from host since the last call (the step loop adds them to the step's shape)."""
         n, self._unreported_loads = self._unreported_loads, 0

@@ -391,6 +391,9 @@ class StepLoop:
         """The batch features of planned items, as they stand before the step runs."""
         shape = BatchShape()
         self._add_to_shape(shape, items, predicting=True)
+        if self._offload:
+            kv = self.kv
+            shape.load_blocks = sum(kv.loads_for(s, n) for s, n in items if s.status is _WAITING and not s.blocks)
         return shape
 
     def _add_to_shape(self, shape: BatchShape, items, predicting: bool = False) -> None:
