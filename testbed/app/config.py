@@ -75,6 +75,13 @@ class KVConfig:
     # tokens when the request finishes; a retracted request's decode tokens are freed uncached)
     cache_decode_tokens: str = "scheduled"
     swap_space_gb: float = bounded(0.0, ge=0)  # host memory for swap preemption
+    # host memory for a KV tier behind the prefix cache (vLLM's --kv-offloading-size, SGLang's
+    # --hicache-size): evicted prefix blocks are kept there and loaded back on a hit; 0: off.
+    # Simulator only (testbed.core.kv_offload)
+    offload_gb: float = bounded(0.0, ge=0)
+    # when a prefix block is stored to the host tier: "write_through" (when cached: vLLM, SGLang's
+    # default) or "write_back" (when its last device copy is evicted: SGLang's write_back)
+    offload_write_policy: str = "write_through"
     # backend=engine on a CPU, kv.num_blocks null: the most host memory the KV cache takes (as vLLM's
     # VLLM_CPU_KVCACHE_SPACE); null: what kv.memory_utilization leaves. Never more than max_num_seqs can fill.
     cpu_kv_cache_gb: Optional[float] = bounded(4.0, gt=0)

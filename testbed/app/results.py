@@ -115,6 +115,10 @@ def format_table(summary: dict) -> str:
     rows.append(("preemptions", str(summary["num_preemptions"])))
     if summary.get("prefix_cache_hit_rate"):
         rows.append(("prefix cache hit rate", f"{summary['prefix_cache_hit_rate']:.1%}"))
+    if "offload_hit_tokens" in summary:
+        rows.append(("host KV tier", f"{summary['offload_hit_tokens']} tokens loaded, external hit rate "
+                                     f"{summary['external_prefix_cache_hit_rate']:.1%}, total hit rate "
+                                     f"{summary['total_prefix_hit_rate']:.1%}"))
     failed = [k for k, ok in summary["slo_checks"].items() if not ok]
     verdict = "pass" if summary["slo_pass"] else "fail" + (f" ({', '.join(failed)})" if failed else "")
     rows.append((f"SLO {summary['slo']}", f"goodput {summary['request_goodput']:.2f} req/s, attainment "

@@ -23,6 +23,7 @@ from testbed import traces
 from testbed.core.cost import CostModel
 from testbed.sim.roofline import RooflineCostModel
 from testbed.core.kv import BlockManager
+from testbed.core.kv_offload import WRITE_POLICIES, OffloadingBlockManager
 from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
 from testbed.app.frontend import ClientClock, FrontendConfig, to_engine_queue
 from testbed.app.metrics import SLO, request_table, summarize
@@ -123,7 +124,7 @@ def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> Cos
 
             warnings.warn(f"cost model {cost.name} was measured on model {measured!r}, this run is {model.name!r}",
                           stacklevel=2)
-        return cost
+        return with_host_link(cost, cfg, model, hw)
     if name == "kernels":
         return build_kernel_cost_model(cfg, model, hw)
     raise ValueError(f"cost_model.name={name!r}: expected one of ['roofline', 'profile', 'kernels']")
@@ -147,6 +148,33 @@ def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec)
                            layer_overhead_s=cc.layer_overhead_s, seq_overhead_s=cc.seq_overhead_s,
                            kernel_scale=cc.kernel_scale, block_size=cfg.kv.block_size,
                            max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs))
+
+
+def with_host_link(cost, cfg: DictConfig, model: ModelSpec, hw: HardwareSpec):
+    """A profile cost model that charges host-tier loads at the hardware's host link (a profile
+    measures none); a copy, as fitted models are shared within a process."""
+    if not cfg.kv.get("offload_gb"):
+        return cost
+    import copy
+
+    cost = copy.copy(cost)
+    cost.host_link_s_per_block = cfg.kv.block_size * model.kv_bytes_per_token / hw.host_link_bandwidth
+    return cost
+
+
+def offload_kv_blocks(cfg: DictConfig, model: ModelSpec) -> int:
+    """Host KV tier capacity in blocks (kv.offload_gb; 0: no tier)."""
+    policy = cfg.kv.get("offload_write_policy", "write_through")
+    if policy not in WRITE_POLICIES:
+        raise ValueError(f"kv.offload_write_policy={policy!r}: expected one of {', '.join(WRITE_POLICIES)}")
+    gb = cfg.kv.get("offload_gb") or 0.0
+    if not gb:
+        return 0
+    n = int(gb * 1e9 // (cfg.kv.block_size * model.kv_bytes_per_token))
+    if n < 1:
+        raise ValueError(f"kv.offload_gb={gb}: holds no KV block of {model.name} "
+                         f"({cfg.kv.block_size * model.kv_bytes_per_token / 1e9:.3g} GB a block); set 0 or more")
+    return n
 
 
 def device_kv_blocks(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> int:
@@ -178,10 +206,13 @@ class Setup:
     limits: SchedulerLimits
     knobs: dict
     frontend: FrontendConfig = field(default_factory=FrontendConfig)  # none: the engine's own times
+    offload_blocks: int = 0  # the host KV tier behind the prefix cache (kv.offload_gb)
 
     def make_loop(self, cfg: DictConfig, device_blocks: int | None = None) -> StepLoop:
-        kv = BlockManager(device_blocks or self.device_blocks, cfg.kv.block_size, cfg.kv.enable_prefix_caching,
-                          self.host_blocks, cfg.kv.cache_decode_tokens)
+        args = (device_blocks or self.device_blocks, cfg.kv.block_size, cfg.kv.enable_prefix_caching,
+                self.host_blocks, cfg.kv.cache_decode_tokens)
+        kv = (OffloadingBlockManager(*args, self.offload_blocks, cfg.kv.offload_write_policy) if self.offload_blocks
+              else BlockManager(*args))
         return StepLoop(make_policy(cfg.policy.name, **self.knobs), kv, self.limits, self.cost,
                         record_token_times=cfg.output.record_token_times)
 
@@ -203,7 +234,8 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
                              cfg.scheduler.max_model_len or model.max_model_len)
     knobs = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
     make_policy(cfg.policy.name, **knobs)  # fail on bad knobs before anything runs
-    return Setup(model, hw, slo, reqs, load_rejects, cost, blocks, host_blocks, limits, knobs, frontend)
+    return Setup(model, hw, slo, reqs, load_rejects, cost, blocks, host_blocks, limits, knobs, frontend,
+                 offload_kv_blocks(cfg, model))
 
 
 def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, t0: float,
@@ -227,10 +259,27 @@ def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, 
                    num_steps=sum(sum(l.series.steps[:len(l.series.duration)]) for l in loops),
                    num_events=sum(len(l.series.duration) for l in loops),
                    frontend=setup.frontend.name if clock is not None else "none")
+    if setup.offload_blocks:
+        summary.update(offload_summary([l.kv for l in loops]))
     rows = len(setup.requests) + len(setup.load_rejects)
     if summary["num_requests"] != rows:
         raise AssertionError(f"accounting broke: {summary['num_requests']} result rows for {rows} trace rows")
     return RunResult(table, steps_frame([l.series for l in loops]), summary, time.perf_counter() - t0)
+
+
+def offload_summary(kvs: list[OffloadingBlockManager]) -> dict:
+    """The host tier's figures, named as vLLM reports a KV connector's: `external_prefix_cache_hit_rate`
+    is tokens loaded from host over tokens looked up past the device hit (vllm/v1/core/sched/scheduler.py
+    L1041-1042); `prefix_cache_hit_rate` stays the device cache's alone. `total_prefix_hit_rate`: tokens
+    not recomputed (device hits + host loads) over every token looked up."""
+    loaded, looked_up = sum(k.offload_hit_tokens for k in kvs), sum(k.offload_queried_tokens for k in kvs)
+    queried = sum(k.queried_tokens for k in kvs)
+    return {"offload_blocks": kvs[0].num_offload_blocks if kvs else 0,
+            "offload_write_policy": "write_through" if kvs and kvs[0].write_through else "write_back",
+            "offload_hit_tokens": int(loaded),
+            "offload_loaded_blocks": int(sum(k.loaded_blocks for k in kvs)),
+            "external_prefix_cache_hit_rate": loaded / looked_up if looked_up else 0.0,
+            "total_prefix_hit_rate": (sum(k.hit_tokens for k in kvs) + loaded) / queried if queried else 0.0}
 
 
 def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: ModelSpec | None = None,

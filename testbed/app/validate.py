@@ -46,6 +46,9 @@ def check_config(cfg: DictConfig, backend: str | None = None) -> None:
     name = backend or cfg.backend.get("name")
     if name in ("engine", "vllm"):
         problems += sim_only_keys_set(cfg, name)
+        if "kv" in cfg and cfg.kv.get("offload_gb"):
+            problems.append(f"kv.offload_gb={cfg.kv.offload_gb}: the simulator's only (the host KV tier is "
+                            f"bookkeeping, backend={name} would copy no block to host): leave it at 0")
     if name == "vllm" and cfg.backend.get("scheduler", "native") not in VLLM_SCHEDULERS:
         problems.append(f"backend.scheduler={cfg.backend.scheduler}: expected one of {', '.join(VLLM_SCHEDULERS)} "
                         "(native: vLLM's own scheduler; policy: the testbed's policy inside vLLM)")

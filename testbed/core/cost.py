@@ -21,6 +21,7 @@ class BatchShape:
     num_decode_seqs: int = 0
     decode_kv_tokens: int = 0  # KV tokens read by decode sequences: sum of their context lengths
     swap_blocks: int = 0  # KV blocks moved between host and device before this step
+    load_blocks: int = 0  # prefix blocks loaded from the host KV tier (kv.offload_gb) before this step
 
     @property
     def num_tokens(self) -> int:

@@ -376,6 +376,10 @@ class BlockManager:
         state.swapped_blocks = 0
         return n
 
+    def preview(self) -> "KVPreview":
+        """A read-only preview of this cache for a policy's plan (see KVPreview)."""
+        return KVPreview(self)
+
     # --- checking -------------------------------------------------------------------------------
     def check_invariants(self, states: Iterable[RequestState]) -> None:
         """Every block is exactly one of free (queued) / owned, ref counts match owners, and

@@ -94,6 +94,7 @@ class StepLoop:
         # sglang 0.5.23 checkpoint_kv_cache, batch_result_processor.py L393-394, and a chunk at
         # the next step, scheduler.py L3915-3919), so a request later in the same step cannot hit them
         self._register_at_completion: list[tuple[RequestState, int]] = []
+        self._offload = hasattr(kv, "take_loaded_blocks")  # kv.offload_gb: admissions may load blocks from host
         self._on_arrival = getattr(policy, "on_arrival", None)
         self._on_finish = getattr(policy, "on_finish", None)
 
@@ -193,6 +194,8 @@ class StepLoop:
                 else:  # never more hit than leaves the plan's n tokens to compute
                     s.num_computed = kv.acquire_prefix(s, s.known_len - n)
                     s.prefix_hit_tokens += s.num_computed
+                    if self._offload:  # the host-tier blocks its hit loaded cross the host link before the step
+                        shape.load_blocks += kv.take_loaded_blocks()
                 s.status = _RUNNING
                 if s.first_scheduled < 0:
                     s.first_scheduled = now
@@ -388,6 +391,9 @@ class StepLoop:
         """The batch features of planned items, as they stand before the step runs."""
         shape = BatchShape()
         self._add_to_shape(shape, items, predicting=True)
+        if self._offload:
+            kv = self.kv
+            shape.load_blocks = sum(kv.loads_for(s, n) for s, n in items if s.status is _WAITING and not s.blocks)
         return shape
 
     def _add_to_shape(self, shape: BatchShape, items, predicting: bool = False) -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from testbed.core.cost import BatchShape
-from testbed.core.kv import KVPreview
 from testbed.core.request import RequestState, Status
 
 if TYPE_CHECKING:
+    from testbed.core.kv import KVPreview
     from testbed.core.loop import StepLoop
     from testbed.core.plan import Plan
 
@@ -104,10 +104,10 @@ class SchedulerView:
             return self._kv.blocks_for(s.num_computed + num_tokens)
         return self._kv.admission_blocks(s, num_tokens)
 
-    def kv_preview(self) -> KVPreview:
+    def kv_preview(self) -> "KVPreview":
         """A read-only preview of the cache that follows this step's plan as it is built, for
         admissions that must see the prefix blocks earlier items register (see KVPreview)."""
-        return KVPreview(self._kv)
+        return self._kv.preview()
 
     def reclaimable_blocks(self, s: RequestState) -> int:
         """Blocks that preempting this running request would return to the free pool."""

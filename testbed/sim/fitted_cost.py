@@ -56,6 +56,9 @@ def read_profile(path: str | Path) -> tuple[dict[str, str], pd.DataFrame]:
             k, _, v = line[1:].strip().partition(":")
             header[k.strip()] = v.strip()
     df = pd.read_csv(path, comment="#")
+    if "load_blocks" not in df.columns:  # profiles written before the host KV tier existed: no engine step loads
+        df.insert(list(df.columns).index("swap_blocks") + 1 if "swap_blocks" in df.columns else len(df.columns),
+                  "load_blocks", 0)
     missing = {"kind", "seconds", *(f for f in BatchShape.__dataclass_fields__)} - set(df.columns)
     if missing:
         raise ValueError(f"{path}: not a testbed profile, missing columns {sorted(missing)}")
@@ -247,6 +250,7 @@ class ProfileCostModel:
     def __init__(self, fit: _Fit, header: dict, name: str, holdout: dict, corrections: dict[str, bool],
                  path: str | None = None):
         self.header, self.name, self.holdout, self.corrections, self.path = header, name, holdout, corrections, path
+        self.host_link_s_per_block = 0.0  # seconds to load one KV block from the host tier (kv.offload_gb)
         self._set(fit)
 
     def _set(self, fit: _Fit) -> None:
@@ -318,6 +322,8 @@ class ProfileCostModel:
         return self._h0 + self._h_seq * (s.num_prefill_seqs + s.num_decode_seqs)
 
     def step_time(self, s: BatchShape) -> float:
+        if s.load_blocks:  # a profile measures no host-tier load: it crosses the host link (set by build_cost_model)
+            return self.engine_time(s) + self.host_time(s) + s.load_blocks * self.host_link_s_per_block
         return self.engine_time(s) + self.host_time(s)
 
     def describe(self) -> str:

@@ -158,7 +158,7 @@ class KernelCostModel:
     # ------------------------------------------------------------ the step
     def step_time(self, s: BatchShape) -> float:
         tokens = s.num_prefill_tokens + s.num_decode_seqs
-        swap = s.swap_blocks * self.swap_per_block
+        swap = (s.swap_blocks + s.load_blocks) * self.swap_per_block  # host->device: swap-ins and host-tier loads
         if tokens == 0:
             return self.step_overhead + swap
         seqs = s.num_prefill_seqs + s.num_decode_seqs

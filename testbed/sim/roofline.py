@@ -37,11 +37,11 @@ class RooflineCostModel:
     def step_time(self, s: BatchShape) -> float:
         tokens = s.num_prefill_tokens + s.num_decode_seqs
         if tokens == 0:
-            return self._overhead + s.swap_blocks * self._swap_bytes_per_block
+            return self._overhead + (s.swap_blocks + s.load_blocks) * self._swap_bytes_per_block
         seqs = s.num_prefill_seqs + s.num_decode_seqs
         linear_flops = self._linear_flops_per_token * tokens + self._lm_head_flops_per_seq * seqs
         t_linear = max(linear_flops / self._peak, self._weight_bytes / self._bw)
         attn_flops = self._attn_flops_per_pair * (s.prefill_attn_pairs + s.decode_kv_tokens)
         kv_bytes = self._kv_bytes_per_token * (s.prefill_kv_tokens + s.decode_kv_tokens)
         t_attn = max(attn_flops / self._peak_attn, kv_bytes / self._bw)
-        return self._overhead + t_linear + t_attn + s.swap_blocks * self._swap_bytes_per_block
+        return self._overhead + t_linear + t_attn + (s.swap_blocks + s.load_blocks) * self._swap_bytes_per_block
