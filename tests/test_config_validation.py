@@ -159,8 +159,9 @@ def sim_only_settings() -> list[tuple[str, object]]:
             for f in dataclasses.fields(BackendConfig) if "sim_only" in f.metadata]
 
 
-def test_the_simulator_only_keys_are_the_known_three():
-    assert [k for k, _ in sim_only_settings()] == ["backend.replicas", "backend.router", "backend.fast_forward"]
+def test_the_simulator_only_keys_are_the_known_four():
+    assert [k for k, _ in sim_only_settings()] == ["backend.replicas", "backend.router", "backend.fast_forward",
+                                                   "backend.async_scheduling"]
 
 
 @pytest.mark.parametrize("key, value", sim_only_settings())
