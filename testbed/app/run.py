@@ -29,7 +29,7 @@ from testbed.app.plugins import make_policy
 from testbed.core.request import Request
 from testbed.app.results import steps_frame
 from testbed.sim.simulation import Simulation, gc_paused
-from testbed.core.specs import HardwareSpec, ModelSpec, kv_capacity_blocks
+from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec, kv_capacity_blocks, resolve_model_spec
 
 log = logging.getLogger("testbed")
 
@@ -46,6 +46,11 @@ def _obj(cfg: Any, cls):
     """A typed dataclass instance from a config node (extra keys were rejected by the schema)."""
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     return cls(**data)
+
+
+def parallel_spec(cfg: DictConfig) -> ParallelSpec:
+    """The replica's tensor / pipeline parallelism (`parallel.*`; one GPU when the node is absent)."""
+    return _obj(cfg.parallel, ParallelSpec) if cfg.get("parallel") is not None else ParallelSpec()
 
 
 def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple[int, str, str]]]:
@@ -108,7 +113,7 @@ def _nothing_to_simulate(tc: DictConfig, load: traces.TraceLoad | None) -> str:
 def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
     name = cfg.cost_model.name
     if name == "roofline":
-        return RooflineCostModel(model, hw, block_size=cfg.kv.block_size)
+        return RooflineCostModel(model, hw, block_size=cfg.kv.block_size, parallel=parallel_spec(cfg))
     if name == "profile":
         from testbed.sim.fitted_cost import ProfileCostModel
 
@@ -136,7 +141,8 @@ def device_kv_blocks(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> int
             raise ValueError(f"kv.num_blocks={kc.num_blocks}: must be >= 1")
         device = kc.num_blocks
     else:
-        device = kv_capacity_blocks(model, hw, kc.block_size, kc.memory_utilization, kc.activation_reserve_gb * 1e9)
+        device = kv_capacity_blocks(model, hw, kc.block_size, kc.memory_utilization, kc.activation_reserve_gb * 1e9,
+                                    parallel_spec(cfg))
     return device
 
 
@@ -163,14 +169,15 @@ class Setup:
 
 
 def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int | None = None) -> Setup:
-    model = model or _obj(cfg.model, ModelSpec)
+    model = model or resolve_model_spec(cfg.model)
     hw = _obj(cfg.hardware, HardwareSpec)
     slo = _obj(cfg.slo, SLO)
     slo.validate()
     reqs, load_rejects = build_requests(cfg.trace, cfg.seed)
     cost = build_cost_model(cfg, model, hw)
     blocks = device_blocks if device_blocks is not None else device_kv_blocks(cfg, model, hw)
-    host_blocks = int(cfg.kv.swap_space_gb * 1e9 // (cfg.kv.block_size * model.kv_bytes_per_token))
+    # swap space is per GPU (vLLM's swap_space), each GPU holding its share of every block
+    host_blocks = int(cfg.kv.swap_space_gb * 1e9 // (cfg.kv.block_size * model.kv_bytes_per_token_per_gpu(parallel_spec(cfg))))
     limits = SchedulerLimits(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs,
                              cfg.scheduler.max_model_len or model.max_model_len)
     knobs = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
@@ -217,7 +224,7 @@ def replay_on_engine(cfg: DictConfig, stop: Callable[[], bool] | None = None) ->
     from testbed.engine.setup import build_engine
 
     t0 = time.perf_counter()
-    spec = _obj(cfg.model, ModelSpec)
+    spec = resolve_model_spec(cfg.model)
     engine = build_engine(cfg, spec)
     setup = prepare(cfg, model=engine.spec, device_blocks=engine.num_blocks)
     replay = engine.replay(setup.requests, setup.make_loop(cfg, engine.num_blocks), cfg.backend.horizon_s, cfg.seed)
