@@ -259,7 +259,7 @@ class ModelSpec:
             tie_word_embeddings=bool(tie),
             max_model_len=cfg.get("max_position_embeddings", 2048),
             dtype=dtype,
-            family=cfg.get("model_type", "llama"),
+            family=top.get("model_type") or cfg.get("model_type", "llama"),
             rope_theta=float(rope or 10000.0),
             num_experts=experts,
             num_experts_per_tok=cfg.get("num_experts_per_tok", 0) if experts else 0,
