@@ -302,3 +302,12 @@ def test_main_command_style(tmp_path, args, model):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["model"] == model and summary["completed"] == 300
     assert f"({model}, h100-sxm, roofline)" in proc.stdout
+
+
+def test_engine_and_vllm_backends_refuse_several_gpus():
+    from testbed.app.validate import ConfigError, check_config
+
+    for backend in ("engine", "vllm"):
+        with pytest.raises(ConfigError, match=f"parallel.tensor_parallel_size=2: backend={backend}"):
+            check_config(config(f"backend={backend}", "parallel.tensor_parallel_size=2"))
+    check_config(config("parallel.tensor_parallel_size=2"))  # the simulator takes it

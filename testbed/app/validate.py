@@ -44,7 +44,7 @@ def check_config(cfg: DictConfig, backend: str | None = None) -> None:
                 for p in unknown_keys(path, node, schema) + out_of_range(path, node, schema)]
     name = backend or cfg.backend.get("name")
     if name in ("engine", "vllm"):
-        problems += sim_only_keys_set(cfg, name)
+        problems += sim_only_keys_set(cfg, name) + multi_gpu_set(cfg, name)
     if name == "vllm" and cfg.backend.get("scheduler", "native") not in VLLM_SCHEDULERS:
         problems.append(f"backend.scheduler={cfg.backend.scheduler}: expected one of {', '.join(VLLM_SCHEDULERS)} "
                         "(native: vLLM's own scheduler; policy: the testbed's policy inside vLLM)")
@@ -102,6 +102,14 @@ def sim_only_keys_set(cfg: DictConfig, backend: str = "engine") -> list[str]:
             f"backend={backend} would ignore it: leave it at {_as_override(f.default)}"
             for f in dataclasses.fields(BackendConfig)
             if "sim_only" in f.metadata and cfg.backend.get(f.name, f.default) != f.default]
+
+
+def multi_gpu_set(cfg: DictConfig, backend: str) -> list[str]:
+    """Parallelism keys above 1: only the simulator spreads a replica over several GPUs."""
+    node = cfg.get("parallel") or {}
+    return [f"parallel.{key}={node.get(key)}: backend={backend} runs a replica on one GPU; leave it at 1 "
+            f"(the simulator models tensor / pipeline parallelism)"
+            for key in ("tensor_parallel_size", "pipeline_parallel_size") if (node.get(key) or 1) != 1]
 
 
 def _as_override(value: Any) -> str:
