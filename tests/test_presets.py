@@ -288,7 +288,10 @@ def test_every_model_preset_on_the_whole_trace(hw):
         tp = smallest_tp(preset(model), hardware(hw))
         summary = simulate(config(f"model={model}", f"hardware={hw}", f"parallel.tensor_parallel_size={tp}",
                                   *AZURE_CONV)).summary
-        assert summary["completed"] == summary["num_requests"], (model, hw)
+        # all served but the prompts longer than the model's context (Llama-2: 4096 tokens), which are rejected
+        assert summary["unfinished"] == 0 and not summary["stalled"], (model, hw)
+        assert summary["completed"] + summary["rejected"] == summary["num_requests"], (model, hw)
+        assert summary["completed"] > 0.9 * summary["num_requests"], (model, hw)
 
 
 @pytest.mark.parametrize("args, model", [

@@ -127,6 +127,11 @@ def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> Cos
 
             warnings.warn(f"cost model {cost.name} was measured on model {measured!r}, this run is {model.name!r}",
                           stacklevel=2)
+        if parallel_spec(cfg).num_gpus > 1:
+            import warnings
+
+            warnings.warn(f"cost model {cost.name} holds one GPU's measured step times: parallel.* sizes the KV "
+                          f"cache only, the step times stay single-GPU", stacklevel=2)
         return cost
     raise ValueError(f"cost_model.name={name!r}: expected one of ['roofline', 'profile']")
 
