@@ -11,9 +11,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from testbed.app.cli import CONF_DIR
-from testbed.app.run import prepare, simulate
+from testbed.app.run import prepare, resolve_model_spec, simulate
 from testbed.core.cost import BatchShape
-from testbed.core.specs import (HardwareSpec, ModelSpec, ParallelSpec, kv_capacity_blocks, resolve_model_spec)
+from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec, kv_capacity_blocks
 from testbed.sim.roofline import RooflineCostModel
 
 # preset: (published total parameters, published active parameters), from the model cards

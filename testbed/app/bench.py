@@ -21,7 +21,7 @@ from testbed.engine.models import build_model
 from testbed.engine.runner import ModelRunner
 from testbed.core.kv import BlockManager
 from testbed.core.request import Request, RequestState
-from testbed.core.specs import resolve_model_spec
+from testbed.app.run import resolve_model_spec
 
 
 def _states(kv: BlockManager, n: int, context: int, first_id: int = 0) -> list[RequestState]:

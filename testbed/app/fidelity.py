@@ -50,7 +50,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from testbed.app.cli import CONF_DIR
 from testbed.core.cost import BatchShape
-from testbed.app.run import RunResult, finish, prepare, run_info, simulate
+from testbed.app.run import RunResult, finish, prepare, resolve_model_spec, run_info, simulate
 from testbed.app.validate import check_config
 
 log = logging.getLogger("testbed.app.fidelity")
@@ -84,7 +84,6 @@ class FidelityResult:
 def replay_with_steps(cfg: DictConfig):
     """`testbed.app.run.replay_on_engine`, keeping the replay so its per-step records can be read."""
     from testbed.engine.setup import build_engine
-    from testbed.core.specs import resolve_model_spec
 
     t0 = time.perf_counter()
     engine = build_engine(cfg, resolve_model_spec(cfg.model))

@@ -29,7 +29,7 @@ from testbed.app.plugins import make_policy
 from testbed.core.request import Request
 from testbed.app.results import steps_frame
 from testbed.sim.simulation import Simulation, gc_paused
-from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec, kv_capacity_blocks, resolve_model_spec
+from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec, apply_config_json, kv_capacity_blocks
 
 log = logging.getLogger("testbed")
 
@@ -46,6 +46,23 @@ def _obj(cfg: Any, cls):
     """A typed dataclass instance from a config node (extra keys were rejected by the schema)."""
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     return cls(**data)
+
+
+def resolve_model_spec(node: Any, keep_name: bool | None = None) -> ModelSpec:
+    """The run's `ModelSpec` from the `model` config node: its keys, or, when `model.config_json` is
+    set, that config.json's shapes (`testbed.core.specs.apply_config_json`), named after the file
+    unless `keep_name` (None: whether the command line set `model.name`)."""
+    spec = node if isinstance(node, ModelSpec) else _obj(node, ModelSpec)
+    if keep_name is None:
+        keep_name = _name_set_on_command_line()
+    return apply_config_json(spec, keep_name)
+
+
+def _name_set_on_command_line() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.initialized() and any(o.lstrip("+~").startswith("model.name=")
+                                             for o in HydraConfig.get().overrides.task)
 
 
 def parallel_spec(cfg: DictConfig) -> ParallelSpec:

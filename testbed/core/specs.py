@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from testbed.core.bounds import bounded, check_ranges
 
@@ -44,7 +44,7 @@ class ModelSpec:
     moe_intermediate_size: Optional[int] = bounded(None, ge=1)
     shared_expert_intermediate_size: int = bounded(0, ge=0)
     # a local Hugging Face config.json (file or folder; nothing is downloaded): its shapes replace the
-    # ones above (testbed.core.specs.resolve_model_spec)
+    # ones above (testbed.core.specs.apply_config_json, via testbed.app.run.resolve_model_spec)
     config_json: Optional[str] = None
 
     def __post_init__(self) -> None:
@@ -272,35 +272,15 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def resolve_model_spec(node: Any, keep_name: bool | None = None) -> "ModelSpec":
-    """The run's `ModelSpec` from the `model` config node: its keys, or, when `model.config_json` is
-    set, the shapes of that Hugging Face config.json (file or folder, nothing downloaded). The name
-    then comes from the file (`_name_or_path`, else its folder) unless `keep_name` (None: whether
-    the command line set `model.name`); the engine fields (checkpoint, random_weights) are kept."""
-    if isinstance(node, ModelSpec):
-        spec = node
-    else:
-        from omegaconf import DictConfig, OmegaConf
-
-        data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
-        spec = ModelSpec(**data)
+def apply_config_json(spec: ModelSpec, keep_name: bool = False) -> ModelSpec:
+    """`spec` itself, or, when its `config_json` is set, the shapes of that Hugging Face config.json
+    (file or folder, nothing downloaded), named after the file (`_name_or_path`, else its folder)
+    unless `keep_name`; the engine fields (checkpoint, random_weights) are kept."""
     if not spec.config_json:
         return spec
-    if keep_name is None:
-        keep_name = _name_set_on_command_line()
     read = ModelSpec.from_hf_config(spec.config_json, name=spec.name if keep_name else None)
     return replace(read, config_json=spec.config_json, checkpoint=spec.checkpoint,
                    random_weights=spec.random_weights)
-
-
-def _name_set_on_command_line() -> bool:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-    except ImportError:
-        return False
-    if not HydraConfig.initialized():
-        return False
-    return any(o.lstrip("+~").startswith("model.name=") for o in HydraConfig.get().overrides.task)
 
 
 @dataclass
