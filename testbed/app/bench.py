@@ -21,7 +21,7 @@ from testbed.engine.models import build_model
 from testbed.engine.runner import ModelRunner
 from testbed.core.kv import BlockManager
 from testbed.core.request import Request, RequestState
-from testbed.core.specs import ModelSpec
+from testbed.app.run import resolve_model_spec
 
 
 def _states(kv: BlockManager, n: int, context: int, first_id: int = 0) -> list[RequestState]:
@@ -61,7 +61,7 @@ def main() -> None:
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"model={args.model}"])
-    spec = ModelSpec(**cfg.model)
+    spec = resolve_model_spec(cfg.model)
     device = torch.device(args.device)
     model = build_model(spec, args.dtype, device)
     bs = 16

@@ -66,7 +66,7 @@ def _run_and_write(cfg: DictConfig) -> tuple[dict, int | None]:
                  else f"vLLM {result.summary.get('vllm_version')} ({cfg.backend.scheduler} scheduler) on "
                       f"{result.summary.get('device')}" if cfg.backend.name == "vllm"
                  else f"engine on {result.summary.get('device')}")
-        title = f"{cfg.policy.name} on {cfg.trace.name} ({cfg.model.name}, {where})"
+        title = f"{cfg.policy.name} on {cfg.trace.name} ({result.summary.get('model', cfg.model.name)}, {where})"
         overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
         print(f"\n{title}" + (f"  [{' '.join(overrides)}]" if overrides else ""))
         print(format_table(result.summary))

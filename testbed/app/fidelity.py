@@ -50,7 +50,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from testbed.app.cli import CONF_DIR
 from testbed.core.cost import BatchShape
-from testbed.app.run import RunResult, _obj, finish, prepare, run_info, simulate
+from testbed.app.run import RunResult, finish, prepare, resolve_model_spec, run_info, simulate
 from testbed.app.validate import check_config
 
 log = logging.getLogger("testbed.app.fidelity")
@@ -84,10 +84,9 @@ class FidelityResult:
 def replay_with_steps(cfg: DictConfig):
     """`testbed.app.run.replay_on_engine`, keeping the replay so its per-step records can be read."""
     from testbed.engine.setup import build_engine
-    from testbed.core.specs import ModelSpec
 
     t0 = time.perf_counter()
-    engine = build_engine(cfg, _obj(cfg.model, ModelSpec))
+    engine = build_engine(cfg, resolve_model_spec(cfg.model))
     setup = prepare(cfg, model=engine.spec, device_blocks=engine.num_blocks)
     replay = engine.replay(setup.requests, setup.make_loop(cfg, engine.num_blocks), cfg.backend.horizon_s, cfg.seed)
     result = finish(cfg, setup, replay.run(), "engine", t0)

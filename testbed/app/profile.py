@@ -72,13 +72,12 @@ def run_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
     import torch
 
     from testbed.engine.setup import build_engine
-    from testbed.app.run import _obj
-    from testbed.core.specs import ModelSpec
+    from testbed.app.run import resolve_model_spec
 
     pc = resolve(cfg.get("profile"))
     if pc.threads:
         torch.set_num_threads(pc.threads)
-    engine = build_engine(cfg, _obj(cfg.model, ModelSpec))
+    engine = build_engine(cfg, resolve_model_spec(cfg.model))
     spec, runner = engine.spec, engine.runner
     bs = cfg.kv.block_size
     max_len = cfg.scheduler.max_model_len or spec.max_model_len

@@ -31,7 +31,7 @@ from testbed.app.plugins import make_policy
 from testbed.core.request import Request
 from testbed.app.results import steps_frame
 from testbed.sim.simulation import Simulation, gc_paused
-from testbed.core.specs import HardwareSpec, ModelSpec, kv_capacity_blocks
+from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec, apply_config_json, kv_capacity_blocks
 
 log = logging.getLogger("testbed")
 
@@ -48,6 +48,28 @@ def _obj(cfg: Any, cls):
     """A typed dataclass instance from a config node (extra keys were rejected by the schema)."""
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     return cls(**data)
+
+
+def resolve_model_spec(node: Any, keep_name: bool | None = None) -> ModelSpec:
+    """The run's `ModelSpec` from the `model` config node: its keys, or, when `model.config_json` is
+    set, that config.json's shapes (`testbed.core.specs.apply_config_json`), named after the file
+    unless `keep_name` (None: whether the command line set `model.name`)."""
+    spec = node if isinstance(node, ModelSpec) else _obj(node, ModelSpec)
+    if keep_name is None:
+        keep_name = _name_set_on_command_line()
+    return apply_config_json(spec, keep_name)
+
+
+def _name_set_on_command_line() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.initialized() and any(o.lstrip("+~").startswith("model.name=")
+                                             for o in HydraConfig.get().overrides.task)
+
+
+def parallel_spec(cfg: DictConfig) -> ParallelSpec:
+    """The replica's tensor / pipeline parallelism (`parallel.*`; one GPU when the node is absent)."""
+    return _obj(cfg.parallel, ParallelSpec) if cfg.get("parallel") is not None else ParallelSpec()
 
 
 def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple[int, str, str]]]:
@@ -110,7 +132,7 @@ def _nothing_to_simulate(tc: DictConfig, load: traces.TraceLoad | None) -> str:
 def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
     name = cfg.cost_model.name
     if name == "roofline":
-        return RooflineCostModel(model, hw, block_size=cfg.kv.block_size)
+        return RooflineCostModel(model, hw, block_size=cfg.kv.block_size, parallel=parallel_spec(cfg))
     if name == "profile":
         from testbed.sim.fitted_cost import ProfileCostModel
 
@@ -124,6 +146,11 @@ def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> Cos
 
             warnings.warn(f"cost model {cost.name} was measured on model {measured!r}, this run is {model.name!r}",
                           stacklevel=2)
+        if parallel_spec(cfg).num_gpus > 1:
+            import warnings
+
+            warnings.warn(f"cost model {cost.name} holds one GPU's measured step times: parallel.* sizes the KV "
+                          f"cache only, the step times stay single-GPU", stacklevel=2)
         return with_host_link(cost, cfg, model, hw)
     if name == "kernels":
         return build_kernel_cost_model(cfg, model, hw)
@@ -132,7 +159,6 @@ def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> Cos
 
 def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
     """The measured-kernel cost model for hardware.kernel_db_gpu (aiconfigurator-core, imported lazily)."""
-    from testbed.core.specs import ParallelSpec
     from testbed.sim.kernel_cost import KernelCostModel
     from testbed.sim.kernel_db import KernelDB
 
@@ -141,7 +167,7 @@ def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec)
         raise ValueError(f"hardware.kernel_db_gpu is not set for {hw.name}: cost_model=kernels needs the GPU's name in "
                          f"the measured kernel database (e.g. hardware.kernel_db_gpu=h100_sxm; "
                          f"`python -m testbed.sim.kernel_db` lists them)")
-    parallel = _obj(cfg.parallel, ParallelSpec)
+    parallel = parallel_spec(cfg)
     db = KernelDB(hw.kernel_db_gpu, cc.framework, cc.framework_version, cc.data_dir)
     sc = cfg.scheduler
     return KernelCostModel(model, hw, parallel, db, step_overhead_s=cc.step_overhead_s,
@@ -187,7 +213,8 @@ def device_kv_blocks(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> int
             raise ValueError(f"kv.num_blocks={kc.num_blocks}: must be >= 1")
         device = kc.num_blocks
     else:
-        device = kv_capacity_blocks(model, hw, kc.block_size, kc.memory_utilization, kc.activation_reserve_gb * 1e9)
+        device = kv_capacity_blocks(model, hw, kc.block_size, kc.memory_utilization, kc.activation_reserve_gb * 1e9,
+                                    parallel_spec(cfg))
     return device
 
 
@@ -220,7 +247,7 @@ class Setup:
 def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int | None = None,
             requests: list[Request] | None = None) -> Setup:
     """`requests`: a workload built by the caller (testbed-validate rebuilds a real run's), instead of cfg.trace."""
-    model = model or _obj(cfg.model, ModelSpec)
+    model = model or resolve_model_spec(cfg.model)
     hw = _obj(cfg.hardware, HardwareSpec)
     slo = _obj(cfg.slo, SLO)
     slo.validate()
@@ -229,7 +256,8 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
     reqs, load_rejects = (requests, []) if requests is not None else build_requests(cfg.trace, cfg.seed)
     cost = build_cost_model(cfg, model, hw)
     blocks = device_blocks if device_blocks is not None else device_kv_blocks(cfg, model, hw)
-    host_blocks = int(cfg.kv.swap_space_gb * 1e9 // (cfg.kv.block_size * model.kv_bytes_per_token))
+    # swap space is per GPU (vLLM's swap_space), each GPU holding its share of every block
+    host_blocks = int(cfg.kv.swap_space_gb * 1e9 // (cfg.kv.block_size * model.kv_bytes_per_token_per_gpu(parallel_spec(cfg))))
     limits = SchedulerLimits(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs,
                              cfg.scheduler.max_model_len or model.max_model_len)
     knobs = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
@@ -305,7 +333,7 @@ def replay_on_engine(cfg: DictConfig, stop: Callable[[], bool] | None = None) ->
     from testbed.engine.setup import build_engine
 
     t0 = time.perf_counter()
-    spec = _obj(cfg.model, ModelSpec)
+    spec = resolve_model_spec(cfg.model)
     engine = build_engine(cfg, spec)
     setup = prepare(cfg, model=engine.spec, device_blocks=engine.num_blocks)
     replay = engine.replay(setup.requests, setup.make_loop(cfg, engine.num_blocks), cfg.backend.horizon_s, cfg.seed)

@@ -45,7 +45,7 @@ def check_config(cfg: DictConfig, backend: str | None = None) -> None:
                 for p in unknown_keys(path, node, schema) + out_of_range(path, node, schema)]
     name = backend or cfg.backend.get("name")
     if name in ("engine", "vllm"):
-        problems += sim_only_keys_set(cfg, name)
+        problems += sim_only_keys_set(cfg, name) + multi_gpu_set(cfg, name)
         if "kv" in cfg and cfg.kv.get("offload_gb"):
             problems.append(f"kv.offload_gb={cfg.kv.offload_gb}: the simulator's only (the host KV tier is "
                             f"bookkeeping, backend={name} would copy no block to host): leave it at 0")
@@ -111,6 +111,14 @@ def sim_only_keys_set(cfg: DictConfig, backend: str = "engine") -> list[str]:
             for group, schema, hint in SIM_ONLY_GROUPS if (node := cfg.get(group)) is not None
             for f in dataclasses.fields(schema)
             if "sim_only" in f.metadata and node.get(f.name, f.default) != f.default]
+
+
+def multi_gpu_set(cfg: DictConfig, backend: str) -> list[str]:
+    """Parallelism keys above 1: only the simulator spreads a replica over several GPUs."""
+    node = cfg.get("parallel") or {}
+    return [f"parallel.{key}={node.get(key)}: backend={backend} runs a replica on one GPU; leave it at 1 "
+            f"(the simulator models tensor / pipeline parallelism)"
+            for key in ("tensor_parallel_size", "pipeline_parallel_size") if (node.get(key) or 1) != 1]
 
 
 def _as_override(value: Any) -> str:

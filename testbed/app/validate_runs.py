@@ -97,12 +97,11 @@ def run_requests(run: RealRun, seed: int, stage_gap_s: float):
 
 
 def simulate_run(cfg: DictConfig, run: RealRun, values: dict[str, float] | None = None) -> list[StageResult]:
-    from testbed.app.run import simulate
-    from testbed.core.specs import ModelSpec
+    from testbed.app.run import resolve_model_spec, simulate
 
     c = run_config(cfg, run, values)
     requests, starts = run_requests(run, cfg.seed, cfg.validate.stage_gap_s)
-    result = simulate(c, model=ModelSpec.from_hf_config(run.model_config), requests=requests)
+    result = simulate(c, model=resolve_model_spec(c.model), requests=requests)
     table = result.requests
     out = []
     bounds = starts + [len(requests)]

@@ -15,7 +15,6 @@ from typing import Callable
 
 from omegaconf import DictConfig
 
-from testbed.core.specs import ModelSpec
 from testbed.vllm_backend import require_vllm
 
 log = logging.getLogger("testbed")
@@ -36,7 +35,7 @@ def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None,
     """Replay the trace in real time on an in-process vLLM engine (`backend.scheduler` decides who schedules).
     `on_done(setup, replay)` sees the replay before the engine is released (the referee reads its log)."""
     version = require_vllm()
-    from testbed.app.run import _obj, finish, prepare
+    from testbed.app.run import finish, prepare, resolve_model_spec
     from testbed.engine.models import build_model, checkpoint_folder
     from testbed.engine.prompts import PromptTokens
     from testbed.vllm_backend.engine import EngineSettings, build_engine, check_model
@@ -51,7 +50,7 @@ def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None,
 
     t0 = time.perf_counter()
     mode = cfg.backend.scheduler
-    spec = _obj(cfg.model, ModelSpec)
+    spec = resolve_model_spec(cfg.model)
     dtype = cfg.backend.dtype or spec.dtype
     check_model(spec.head_dim, "model.head_dim")
     setup = prepare(cfg, model=spec)

@@ -7,7 +7,7 @@ transformers config: the simulator and the engine then agree on shapes and KV si
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -44,8 +44,13 @@ class ModelSpec:
     moe_intermediate_size: Optional[int] = bounded(None, ge=1)
     shared_expert_intermediate_size: int = bounded(0, ge=0)
     # a local Hugging Face config.json (file or folder; nothing is downloaded): its shapes replace the
-    # ones above (testbed.core.specs.resolve_model_spec)
+    # ones above (testbed.core.specs.apply_config_json, via testbed.app.run.resolve_model_spec)
     config_json: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"model.num_experts_per_tok={self.num_experts_per_tok}: a model with "
+                             f"num_experts={self.num_experts} routes each token to 1 to {self.num_experts} experts")
 
     @property
     def is_moe(self) -> bool:
@@ -58,11 +63,47 @@ class ModelSpec:
         except KeyError:
             raise ValueError(f"model.dtype={self.dtype!r}: expected one of {sorted(DTYPE_BYTES)}") from None
 
+    # --- parameters, whole model (one GPU) -------------------------------------------------------
+
+    @property
+    def attention_params(self) -> int:
+        """One layer's q, k, v and o projections."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return h * q + 2 * h * kv + q * h
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert's SwiGLU MLP (gate, up, down)."""
+        return 3 * self.hidden_size * (self.moe_intermediate_size or self.intermediate_size)
+
+    @property
+    def shared_expert_params(self) -> int:
+        return 3 * self.hidden_size * self.shared_expert_intermediate_size
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts
+
+    @property
+    def mlp_params(self) -> int:
+        """One layer's MLP: the dense SwiGLU, or every expert plus the shared one and the router."""
+        if not self.is_moe:
+            return 3 * self.hidden_size * self.intermediate_size
+        return self.num_experts * self.expert_params + self.shared_expert_params + self.router_params
+
     @property
     def layer_params(self) -> int:
-        """Weights of one transformer layer (attention projections, SwiGLU MLP, two norms)."""
-        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size + 2 * h
+        """Weights of one transformer layer (attention projections, MLP or all experts, two norms)."""
+        return self.attention_params + self.mlp_params + 2 * self.hidden_size
+
+    @property
+    def active_layer_params(self) -> int:
+        """The weights of one layer that one token runs through: a MoE token uses its top-k experts,
+        the shared expert and the router; a dense token uses the whole layer."""
+        if not self.is_moe:
+            return self.layer_params
+        return (self.attention_params + self.num_experts_per_tok * self.expert_params + self.shared_expert_params
+                + self.router_params + 2 * self.hidden_size)
 
     @property
     def embedding_params(self) -> int:
@@ -74,6 +115,11 @@ class ModelSpec:
         return self.num_layers * self.layer_params + self.embedding_params + lm_head + self.hidden_size
 
     @property
+    def num_active_params(self) -> int:
+        """Parameters one token uses (MoE: the "active" size, as 12.9B of Mixtral-8x7B's 46.7B)."""
+        return self.num_params - self.num_layers * (self.layer_params - self.active_layer_params)
+
+    @property
     def weight_bytes(self) -> int:
         return self.num_params * self.dtype_bytes
 
@@ -82,25 +128,159 @@ class ModelSpec:
         """K and V of every layer for one token."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
+    # --- one GPU's share under tensor / pipeline parallelism --------------------------------------
+
+    def check_parallel(self, parallel: "ParallelSpec") -> None:
+        """The splits vLLM accepts: heads divisible by TP (vllm/config/model.py
+        verify_with_parallel_config), KV heads divisible by TP or TP by KV heads (replicated, vllm
+        model_executor/layers/linear.py QKVParallelLinear), at least one layer per pipeline stage."""
+        tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+        kv = self.num_kv_heads
+        if self.num_heads % tp:
+            raise ValueError(f"parallel.tensor_parallel_size={tp}: must divide model {self.name}'s "
+                             f"{self.num_heads} attention heads")
+        if (kv % tp if kv >= tp else tp % kv):
+            raise ValueError(f"parallel.tensor_parallel_size={tp}: must divide model {self.name}'s {kv} KV heads, "
+                             f"or be a multiple of them (the KV heads are then replicated)")
+        if pp > self.num_layers:
+            raise ValueError(f"parallel.pipeline_parallel_size={pp}: more stages than model {self.name}'s "
+                             f"{self.num_layers} layers")
+
+    def kv_heads_per_gpu(self, tensor_parallel_size: int) -> int:
+        """KV heads split over TP, one replicated per GPU when there are fewer heads than GPUs
+        (vllm/config/model.py ModelConfig.get_num_kv_heads: max(1, total // tp))."""
+        return max(1, self.num_kv_heads // tensor_parallel_size)
+
+    def stage_layers(self, pipeline_parallel_size: int) -> list[int]:
+        """Layers per pipeline stage, as vllm/distributed/utils.py get_pp_indices splits them: evenly, the
+        remainder one each to the stages before the last (which holds the final norm and LM head)."""
+        pp = pipeline_parallel_size
+        layers = [self.num_layers // pp] * pp
+        for i in range(2, self.num_layers % pp + 2):
+            layers[-i] += 1
+        return layers
+
+    def layer_params_per_gpu(self, tensor_parallel_size: int, active: bool = False) -> int:
+        """One layer's weights on one GPU: heads and MLP columns (each expert's too: vLLM's FusedMoE
+        splits every expert's intermediate size over TP) divided by TP, KV projections per
+        `kv_heads_per_gpu`, the router and the norms replicated. `active`: what one token uses."""
+        tp, h = tensor_parallel_size, self.hidden_size
+        q = self.num_heads * self.head_dim // tp
+        kv = self.kv_heads_per_gpu(tp) * self.head_dim
+        attention = h * q + 2 * h * kv + q * h
+        if not self.is_moe:
+            mlp = 3 * h * _ceil_div(self.intermediate_size, tp)
+        else:
+            experts = self.num_experts_per_tok if active else self.num_experts
+            mlp = (experts * self.expert_params_per_gpu(tp)
+                   + 3 * h * _ceil_div(self.shared_expert_intermediate_size, tp) + self.router_params)
+        return attention + mlp + 2 * h
+
+    def expert_params_per_gpu(self, tensor_parallel_size: int) -> int:
+        return 3 * self.hidden_size * _ceil_div(self.moe_intermediate_size or self.intermediate_size,
+                                                 tensor_parallel_size)
+
+    def embedding_params_per_gpu(self, tensor_parallel_size: int) -> int:
+        """The embedding (or LM head) on one GPU: vocabulary-parallel, split over TP (vLLM's
+        VocabParallelEmbedding / ParallelLMHead)."""
+        return _ceil_div(self.vocab_size, tensor_parallel_size) * self.hidden_size
+
+    def stage_params_per_gpu(self, parallel: "ParallelSpec") -> list[int]:
+        """Weights on one GPU of each pipeline stage: its layers, the embedding on the first stage,
+        the final norm and LM head on the last (a tied LM head is the embedding itself, a second
+        copy only when it sits on another stage)."""
+        tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+        layer, emb = self.layer_params_per_gpu(tp), self.embedding_params_per_gpu(tp)
+        stages = []
+        for i, n in enumerate(self.stage_layers(pp)):
+            params = n * layer
+            if i == 0:
+                params += emb
+            if i == pp - 1:
+                params += self.hidden_size + (emb if not self.tie_word_embeddings or pp > 1 else 0)
+            stages.append(params)
+        return stages
+
+    def weight_bytes_per_gpu(self, parallel: "ParallelSpec") -> int:
+        """The weights on the most loaded GPU of one replica (TP=PP=1: `weight_bytes`)."""
+        return max(self.stage_params_per_gpu(parallel)) * self.dtype_bytes
+
+    def stage_kv_bytes_per_token(self, parallel: "ParallelSpec") -> list[int]:
+        """K and V of one token on one GPU of each pipeline stage: its layers, its share of the KV heads."""
+        per_layer = 2 * self.kv_heads_per_gpu(parallel.tensor_parallel_size) * self.head_dim * self.dtype_bytes
+        return [n * per_layer for n in self.stage_layers(parallel.pipeline_parallel_size)]
+
+    def kv_bytes_per_token_per_gpu(self, parallel: "ParallelSpec") -> int:
+        """K and V of one token on the GPU that holds the most (TP=PP=1: `kv_bytes_per_token`)."""
+        return max(self.stage_kv_bytes_per_token(parallel))
+
     @classmethod
-    def from_hf_config(cls, path: str | Path, name: str | None = None, dtype: str = "bfloat16") -> "ModelSpec":
-        """Read the shapes from a transformers `config.json` (file or checkpoint folder)."""
+    def from_hf_config(cls, path: str | Path, name: str | None = None, dtype: str | None = None) -> "ModelSpec":
+        """Read the shapes from a transformers `config.json` (file or checkpoint folder), MoE included:
+        Mixtral's `num_local_experts`; Qwen2/3-MoE's `num_experts`, `moe_intermediate_size`,
+        `shared_expert_intermediate_size`; Llama-4's `text_config` nesting (its experts and shared
+        expert have `intermediate_size`, its dense layers `intermediate_size_mlp`). `dtype`: the
+        file's `torch_dtype` (or `dtype`) when None. A missing required key names the file and key."""
         p = Path(path)
-        cfg = json.loads((p / "config.json" if p.is_dir() else p).read_text())
-        heads = cfg["num_attention_heads"]
+        file = p / "config.json" if p.is_dir() else p
+        try:
+            top = json.loads(file.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"model.config_json={path}: cannot read a config.json there ({e})") from None
+        cfg = top.get("text_config") or top  # multimodal checkpoints (Llama-4) nest the language model
+
+        def need(key: str):
+            if key not in cfg:
+                raise ValueError(f"model.config_json: {file} has no {key!r}"
+                                 + (" (under text_config)" if cfg is not top else ""))
+            return cfg[key]
+
+        heads = need("num_attention_heads")
+        experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+        moe_inter = cfg.get("moe_intermediate_size") if experts else None
+        shared = cfg.get("shared_expert_intermediate_size") or 0
+        if experts and (str(cfg.get("model_type", "")).startswith("llama4") or "intermediate_size_mlp" in cfg):
+            # Llama-4: every MoE layer also runs one shared expert of intermediate_size
+            shared = need("intermediate_size")
+        if dtype is None:
+            d = str(cfg.get("torch_dtype") or cfg.get("dtype") or top.get("torch_dtype") or "bfloat16")
+            dtype = d.removeprefix("torch.") if d.removeprefix("torch.") in DTYPE_BYTES else "bfloat16"
+        tie = cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", False))
+        rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta")
         return cls(
-            name=name or cfg.get("_name_or_path") or p.name,
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
+            name=name or cfg.get("_name_or_path") or top.get("_name_or_path") or file.parent.name,
+            hidden_size=need("hidden_size"),
+            intermediate_size=need("intermediate_size"),
+            num_layers=need("num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads", heads),
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            vocab_size=cfg["vocab_size"],
-            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or need("hidden_size") // heads,
+            vocab_size=need("vocab_size"),
+            tie_word_embeddings=bool(tie),
             max_model_len=cfg.get("max_position_embeddings", 2048),
             dtype=dtype,
+            family=top.get("model_type") or cfg.get("model_type", "llama"),
+            rope_theta=float(rope or 10000.0),
+            num_experts=experts,
+            num_experts_per_tok=cfg.get("num_experts_per_tok", 0) if experts else 0,
+            moe_intermediate_size=moe_inter,
+            shared_expert_intermediate_size=shared,
         )
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def apply_config_json(spec: ModelSpec, keep_name: bool = False) -> ModelSpec:
+    """`spec` itself, or, when its `config_json` is set, the shapes of that Hugging Face config.json
+    (file or folder, nothing downloaded), named after the file (`_name_or_path`, else its folder)
+    unless `keep_name`; the engine fields (checkpoint, random_weights) are kept."""
+    if not spec.config_json:
+        return spec
+    read = ModelSpec.from_hf_config(spec.config_json, name=spec.name if keep_name else None)
+    return replace(read, config_json=spec.config_json, checkpoint=spec.checkpoint,
+                   random_weights=spec.random_weights)
 
 
 @dataclass
@@ -146,21 +326,42 @@ class HardwareSpec:
     # the GPU's name in the measured kernel database (cost_model=kernels; aiconfigurator-core's systems/data/<name>)
     kernel_db_gpu: Optional[str] = None
 
+    # the KV-cache read's share of mem_bandwidth (null: memory_efficiency, as for the weights): paged
+    # attention's scattered block reads reach less of the bandwidth than streaming the weights does
+    kv_read_efficiency: Optional[float] = bounded(None, gt=0, le=1)
+    # host and launch work per decode sequence per step (input preparation, sampling, detokenisation)
+    decode_seq_overhead_s: float = bounded(0.0, ge=0)
+
     def validate(self) -> None:
         check_ranges(self, "hardware")
 
 
-def kv_capacity_blocks(model: ModelSpec, hw: HardwareSpec, block_size: int,
-                       memory_utilization: float, activation_reserve_bytes: float = 0.0) -> int:
-    """Blocks that fit in the memory left after the weights, as vLLM sizes its cache."""
+def kv_capacity_blocks(model: ModelSpec, hw: HardwareSpec, block_size: int, memory_utilization: float,
+                       activation_reserve_bytes: float = 0.0, parallel: ParallelSpec | None = None) -> int:
+    """Blocks that fit in the memory left after the weights, as vLLM sizes its cache: per GPU,
+    memory x utilization - that GPU's weights - the activation reserve, over that GPU's share of a
+    block; a replica holds what its tightest GPU holds (vllm/v1/core/kv_cache_utils.py
+    get_kv_cache_configs takes the minimum num_blocks over the workers)."""
     if not 0 < memory_utilization <= 1:
         raise ValueError(f"kv.memory_utilization={memory_utilization}: must be in (0, 1]")
-    free = hw.memory_bytes * memory_utilization - model.weight_bytes - activation_reserve_bytes
-    blocks = int(free // (block_size * model.kv_bytes_per_token))
+    parallel = parallel or ParallelSpec()
+    model.check_parallel(parallel)
+    per_gpu = zip(model.stage_params_per_gpu(parallel), model.stage_kv_bytes_per_token(parallel))
+    blocks, tightest = None, None
+    for params, kv_per_token in per_gpu:
+        weights = params * model.dtype_bytes
+        free = hw.memory_bytes * memory_utilization - weights - activation_reserve_bytes
+        n = int(free // (block_size * kv_per_token))
+        if blocks is None or n < blocks:
+            blocks, tightest = n, (weights, kv_per_token)
     if blocks < 1:
-        need = model.weight_bytes + activation_reserve_bytes + block_size * model.kv_bytes_per_token
+        weights, kv_per_token = tightest
+        need = weights + activation_reserve_bytes + block_size * kv_per_token
+        gpus = "" if parallel.num_gpus == 1 else f" (per GPU, {parallel.num_gpus} GPUs)"
         raise ValueError(
-            f"model {model.name} does not fit on {hw.name}: weights {model.weight_bytes / 1e9:.2f} GB plus one "
+            f"model {model.name} does not fit on {hw.name}{gpus}: weights {weights / 1e9:.2f} GB plus one "
             f"KV block need {need / 1e9:.2f} GB, {hw.memory_bytes * memory_utilization / 1e9:.2f} GB usable "
-            f"(memory_bytes x kv.memory_utilization)")
+            f"(memory_bytes x kv.memory_utilization); spread it over more GPUs with "
+            f"parallel.tensor_parallel_size (now {parallel.tensor_parallel_size}) or "
+            f"parallel.pipeline_parallel_size (now {parallel.pipeline_parallel_size})")
     return blocks

@@ -2,8 +2,24 @@
 peak rates, with no measurement beyond those rates (the interface is `testbed.core.cost`)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from testbed.core.cost import BatchShape
-from testbed.core.specs import HardwareSpec, ModelSpec
+from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """What one GPU of one pipeline stage computes and reads per step (tensor-parallel share)."""
+
+    linear_flops_per_token: int  # 2 FLOPs per active weight (MoE: the token's top-k experts)
+    lm_head_flops_per_seq: int  # last stage only
+    attn_flops_per_pair: int
+    dense_weight_bytes: int  # weights every step reads whole (MoE: all but the routed experts)
+    expert_weight_bytes: int  # one routed expert's weights across the stage's layers (0: dense)
+    kv_bytes_per_token: int
+    num_allreduces: int  # two per layer under TP > 1 (after attention, after the MLP), else 0
+    allreduce_bytes_per_token: int  # the hidden states those all-reduces carry
 
 
 class RooflineCostModel:
@@ -14,34 +30,92 @@ class RooflineCostModel:
     element; a fixed overhead covers launch and sampling. Calibrated against figures
     measured on an H100 (see README): a Llama-3-8B batch-1 decode step gives 6.5 ms and
     a 1024-token prefill 29 ms.
+
+    Parallelism (`ParallelSpec`): every GPU does its tensor-parallel share of the FLOPs and reads
+    its share of the weights and KV; each layer adds two ring all-reduces of the step's hidden
+    states (after attention and after the MLP, as vLLM's RowParallelLinear does), each
+    2 (tp-1)/tp x bytes over the interconnect plus its latency. Pipeline stages: vLLM keeps one
+    batch in flight per stage, so a step advances at the pace of the slowest stage, plus the
+    (pp-1) hand-offs of the hidden states between stages.
+
+    MoE: FLOPs follow the active parameters (top-k experts per token); the weights read are the
+    attention, the shared expert and the router, plus the experts the step's tokens touch: under
+    uniform routing T tokens hit E (1 - (1 - k/E)^T) distinct experts of E (a batch-1 decode
+    reads only its top-k, a long prefill all E).
     """
 
     name = "roofline"
 
-    def __init__(self, model: ModelSpec, hardware: HardwareSpec, block_size: int = 16):
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, block_size: int = 16,
+                 parallel: ParallelSpec | None = None):
         hardware.validate()
-        self.model, self.hw = model, hardware
-        m = model
-        self._linear_flops_per_token = 2 * (m.num_params - 2 * m.embedding_params if not m.tie_word_embeddings
-                                            else m.num_params - m.embedding_params)
-        self._lm_head_flops_per_seq = 2 * m.embedding_params
-        self._attn_flops_per_pair = 4 * m.num_layers * m.num_heads * m.head_dim
-        self._weight_bytes = m.weight_bytes - m.embedding_params * m.dtype_bytes  # embedding rows are gathered, not read
-        self._kv_bytes_per_token = m.kv_bytes_per_token
+        parallel = parallel or ParallelSpec()
+        parallel.validate()
+        model.check_parallel(parallel)
+        self.model, self.hw, self.parallel = model, hardware, parallel
+        m, tp, pp = model, parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+        self._stages = [self._stage(m, tp, layers, last=i == pp - 1)
+                        for i, layers in enumerate(m.stage_layers(pp))]
+        self._moe = (m.num_experts, m.num_experts_per_tok / m.num_experts) if m.is_moe else None
+        self._tp_factor = 2 * (tp - 1) / tp if tp > 1 else 0.0
+        self._handoff_bytes_per_token = m.hidden_size * m.dtype_bytes if pp > 1 else 0
+        self._num_handoffs = pp - 1
         self._peak = hardware.matmul_flops * hardware.compute_efficiency
         self._peak_attn = hardware.matmul_flops * hardware.attention_efficiency
         self._bw = hardware.mem_bandwidth * hardware.memory_efficiency
+        kv_eff = hardware.kv_read_efficiency
+        self._kv_bw = self._bw if kv_eff is None else hardware.mem_bandwidth * kv_eff
+        self._link_bw, self._link_latency = hardware.interconnect_bandwidth, hardware.interconnect_latency_s
         self._overhead = hardware.step_overhead_s
-        self._swap_bytes_per_block = block_size * m.kv_bytes_per_token / hardware.host_link_bandwidth
+        self._per_decode_seq = hardware.decode_seq_overhead_s
+        self._swap_bytes_per_block = (block_size * m.kv_bytes_per_token_per_gpu(parallel)
+                                      / hardware.host_link_bandwidth)
+
+    @staticmethod
+    def _stage(m: ModelSpec, tp: int, layers: int, last: bool) -> _Stage:
+        final_norm = m.hidden_size if last else 0
+        # the LM head is read (a tied one is the embedding, left out as the single-GPU model always did)
+        lm_head = m.embedding_params_per_gpu(tp) if last and not m.tie_word_embeddings else 0
+        active = layers * m.layer_params_per_gpu(tp, active=True) + final_norm
+        whole = layers * m.layer_params_per_gpu(tp) + final_norm + lm_head
+        expert = layers * m.expert_params_per_gpu(tp) if m.is_moe else 0
+        return _Stage(
+            linear_flops_per_token=2 * active,
+            lm_head_flops_per_seq=2 * m.embedding_params_per_gpu(tp) if last else 0,
+            attn_flops_per_pair=4 * layers * (m.num_heads // tp) * m.head_dim,
+            dense_weight_bytes=(whole - m.num_experts * expert) * m.dtype_bytes,
+            expert_weight_bytes=expert * m.dtype_bytes,
+            kv_bytes_per_token=2 * layers * m.kv_heads_per_gpu(tp) * m.head_dim * m.dtype_bytes,
+            num_allreduces=2 * layers if tp > 1 else 0,
+            allreduce_bytes_per_token=2 * layers * m.hidden_size * m.dtype_bytes if tp > 1 else 0,
+        )
+
+    def _stage_time(self, st: _Stage, s: BatchShape, tokens: int, seqs: int) -> float:
+        linear_flops = st.linear_flops_per_token * tokens + st.lm_head_flops_per_seq * seqs
+        weight_bytes = st.dense_weight_bytes
+        if self._moe is not None:
+            experts, k_over_e = self._moe
+            weight_bytes += experts * (1 - (1 - k_over_e) ** tokens) * st.expert_weight_bytes
+        t_linear = max(linear_flops / self._peak, weight_bytes / self._bw)
+        attn_flops = st.attn_flops_per_pair * (s.prefill_attn_pairs + s.decode_kv_tokens)
+        kv_bytes = st.kv_bytes_per_token * (s.prefill_kv_tokens + s.decode_kv_tokens)
+        t = self._overhead + t_linear + max(attn_flops / self._peak_attn, kv_bytes / self._kv_bw)
+        if st.num_allreduces:  # ring all-reduce: each GPU sends and receives 2 (tp-1)/tp of the message
+            t += (self._tp_factor * st.allreduce_bytes_per_token * tokens / self._link_bw
+                  + st.num_allreduces * self._link_latency)
+        return t
 
     def step_time(self, s: BatchShape) -> float:
         tokens = s.num_prefill_tokens + s.num_decode_seqs
         if tokens == 0:
             return self._overhead + (s.swap_blocks + s.load_blocks) * self._swap_bytes_per_block
         seqs = s.num_prefill_seqs + s.num_decode_seqs
-        linear_flops = self._linear_flops_per_token * tokens + self._lm_head_flops_per_seq * seqs
-        t_linear = max(linear_flops / self._peak, self._weight_bytes / self._bw)
-        attn_flops = self._attn_flops_per_pair * (s.prefill_attn_pairs + s.decode_kv_tokens)
-        kv_bytes = self._kv_bytes_per_token * (s.prefill_kv_tokens + s.decode_kv_tokens)
-        t_attn = max(attn_flops / self._peak_attn, kv_bytes / self._bw)
-        return self._overhead + t_linear + t_attn + (s.swap_blocks + s.load_blocks) * self._swap_bytes_per_block
+        if len(self._stages) == 1:
+            t = self._stage_time(self._stages[0], s, tokens, seqs)
+        else:
+            t = max(self._stage_time(st, s, tokens, seqs) for st in self._stages)
+            t += self._num_handoffs * (self._handoff_bytes_per_token * tokens / self._link_bw + self._link_latency)
+        t = t + (s.swap_blocks + s.load_blocks) * self._swap_bytes_per_block
+        if self._per_decode_seq:
+            t += s.num_decode_seqs * self._per_decode_seq
+        return t
