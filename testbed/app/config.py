@@ -99,10 +99,12 @@ class CostModelConfig:
     data_dir: Optional[str] = None
     # the terms the kernel sum misses, fitted on end-to-end runs: per step (scheduler, sampling, launch gaps), per
     # layer per step (norms, rotary, activation kernels the tables lack), per sequence in the step (input
-    # preparation, sampling per row); kernel_scale multiplies the kernel sum
+    # preparation, sampling per row), per tensor-parallel all-reduce (each is a barrier across the GPUs);
+    # kernel_scale multiplies the kernel sum
     step_overhead_s: float = bounded(0.0, ge=0, le=1)
     layer_overhead_s: float = bounded(0.0, ge=0, le=0.01)
     seq_overhead_s: float = bounded(0.0, ge=0, le=0.01)
+    allreduce_overhead_s: float = bounded(0.0, ge=0, le=0.01)  # per tensor-parallel all-reduce: the barrier's wait
     kernel_scale: float = bounded(1.0, gt=0, le=10)
 
 

@@ -172,6 +172,7 @@ def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec)
     sc = cfg.scheduler
     return KernelCostModel(model, hw, parallel, db, step_overhead_s=cc.step_overhead_s,
                            layer_overhead_s=cc.layer_overhead_s, seq_overhead_s=cc.seq_overhead_s,
+                           allreduce_overhead_s=cc.allreduce_overhead_s,
                            kernel_scale=cc.kernel_scale, block_size=cfg.kv.block_size,
                            max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs))
 

@@ -37,7 +37,8 @@ from testbed.sim.kernel_db import KernelDB, KernelDBError
 
 class KernelCostModel:
     """step = kernel_scale x (kernels of the slowest pipeline stage) + pipeline hand-offs
-    + step_overhead_s + layer_overhead_s x its layers + seq_overhead_s x sequences + swap.
+    + step_overhead_s + layer_overhead_s x its layers + allreduce_overhead_s x its all-reduces
+    + seq_overhead_s x sequences + swap.
 
     Everything that depends on the token count alone (GEMMs, MoE, all-reduces) is tabulated at
     construction for 1..max_tokens tokens; attention look-ups are memoised on (batch, length), so a
@@ -47,11 +48,12 @@ class KernelCostModel:
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec, db: KernelDB, *,
                  step_overhead_s: float = 0.0, layer_overhead_s: float = 0.0, seq_overhead_s: float = 0.0,
-                 kernel_scale: float = 1.0, block_size: int = 16, max_tokens: int = 16384):
+                 allreduce_overhead_s: float = 0.0, kernel_scale: float = 1.0, block_size: int = 16,
+                 max_tokens: int = 16384):
         hardware.validate()
         parallel.validate()
         for key, v in (("step_overhead_s", step_overhead_s), ("layer_overhead_s", layer_overhead_s),
-                       ("seq_overhead_s", seq_overhead_s)):
+                       ("seq_overhead_s", seq_overhead_s), ("allreduce_overhead_s", allreduce_overhead_s)):
             if not v >= 0:
                 raise ValueError(f"cost_model.{key}={v}: must be >= 0")
         if not kernel_scale > 0:
@@ -69,7 +71,11 @@ class KernelCostModel:
         self.heads, self.kv_heads = m.num_heads // t, max(1, m.num_kv_heads // t)
         self.layers_per_stage = math.ceil(m.num_layers / p)
         self.kernel_scale = kernel_scale
-        self.step_overhead = step_overhead_s + layer_overhead_s * self.layers_per_stage
+        # a tensor-parallel all-reduce is also a barrier: in a real step each one waits for the slowest GPU
+        # of the group, which a kernel timed alone never does (two per layer and the embedding's, at t > 1)
+        allreduces = (2 * self.layers_per_stage + 1) if t > 1 else 0
+        self.step_overhead = step_overhead_s + layer_overhead_s * self.layers_per_stage \
+            + allreduce_overhead_s * allreduces
         self.seq_overhead = seq_overhead_s
         self.max_tokens = max_tokens
         # a stage hands tokens x hidden activations to the next; each GPU of a stage moves its own share
