@@ -118,7 +118,7 @@ def test_validate_fits_known_overheads_and_scores_a_model_it_did_not_see(tmp_pat
     for values in report["fitted_without_model"].values():
         assert values["hardware.step_overhead_s"] == pytest.approx(0.004, rel=0.05)
     errors = report["leave_one_model_out_median_abs_error"]
-    assert max(errors.values()) < 0.01
+    assert max(errors.values()) < 0.03
     md = (tmp_path / "out" / "validate.md").read_text()
     assert "leave-one-model-out median absolute error" in md and "r-smaller" in md
     # from the wrong starting value, without a fit, the same runs are off by more

@@ -163,7 +163,7 @@ class Linearisation:
     def solve(self, models: set[str]) -> np.ndarray:
         from scipy.optimize import lsq_linear
 
-        r0 = _residuals(self.base, models)
+        r0 = np.concatenate([_residuals(self.base, {m}) for m in sorted(models)])  # rows in the Jacobian's order
         J = np.vstack([self.jacobian[m] for m in sorted(models)])
         scale = np.where(self.x > 0, self.x, 1e-3)
         sol = lsq_linear(J * scale, -r0, bounds=(-self.x / scale, np.inf))  # keys stay >= 0
