@@ -17,7 +17,8 @@ with whether the simulator also saturates, but not scored.
 `validate.fit=[keys]` fits those config keys (non-negative numbers: overhead terms, front-end
 latencies) to the runs by least squares on the relative errors, and, with
 `validate.leave_one_model_out=true`, scores each model with the keys fitted on the other models
-only: the figure that says how the fit generalises to a model it has not seen. Written to
+only (a whole fit from the config's starting values, the held-out model's runs never simulated
+until it is scored): the figure that says how the fit generalises to a model it has not seen. Written to
 `output.dir`: validate.csv (one row per run and stage), validate.md (the tables) and
 validate.json (the medians and fitted values).
 """
@@ -187,8 +188,8 @@ def linearise(cfg: DictConfig, runs: list[RealRun], keys: list[str], x: np.ndarr
 
 def fit(cfg: DictConfig, runs: list[RealRun], keys: list[str]) -> Linearisation:
     """Gauss-Newton over `keys` (each >= 0) on the relative errors of TTFT, E2E and TPOT of every
-    scored stage: `validate.fit_iterations` linearisations, each at the previous one's solution
-    over all models; the last one is returned, for the leave-one-model-out fits."""
+    scored stage of `runs`: `validate.fit_iterations` linearisations, each at the previous one's
+    solution; the last one is returned (its `solve` is the fit)."""
     x = np.array([float(OmegaConf.select(cfg, k)) for k in keys])
     lin = linearise(cfg, runs, keys, x)
     for it in range(cfg.validate.fit_iterations - 1):
@@ -221,8 +222,9 @@ def validate(cfg: DictConfig) -> dict:
         results = in_sample
         if vc.leave_one_model_out and len(lin.jacobian) > 1:
             held_out, per_model = [], {}
-            for m in sorted(lin.jacobian):
-                values = dict(zip(keys, lin.solve(set(lin.jacobian) - {m}).tolist()))
+            for m in sorted(lin.jacobian):  # a whole fit without model m, from the config's starting values
+                lin_m = fit(cfg, [r for r in runs if r.model_name != m], keys)
+                values = dict(zip(keys, lin_m.solve(set(lin_m.jacobian)).tolist()))
                 per_model[m] = values
                 held_out += simulate_all(cfg, [r for r in runs if r.model_name == m], values)
             report["fitted_without_model"] = per_model
