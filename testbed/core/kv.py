@@ -449,11 +449,13 @@ class KVPreview:
                 self._take(kv.blocks_needed(state, n))
                 self._register(state, state.num_cached_blocks, state.num_computed + n)
             else:
-                hit, revive = admitted
-                self._touched.update(revive)
-                self._take(kv.blocks_for(hit * bs + n) - hit)
-                self._register(state, hit, hit * bs + n)
+                self._catch_up_admission(state, n, *admitted)
         self._pending.clear()
+
+    def _catch_up_admission(self, state: RequestState, n: int, hit: int, revive: list) -> None:
+        self._touched.update(revive)
+        self._take(self.kv.blocks_for(hit * self.kv.block_size + n) - hit)
+        self._register(state, hit, hit * self.kv.block_size + n)
 
     def _take(self, n: int) -> None:
         taken, touched = self._taken, self._touched

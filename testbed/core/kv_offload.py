@@ -217,18 +217,10 @@ class OffloadPreview(KVPreview):
         holders = self.kv._cached.get(key)
         return holders is not None and all(b in self._taken for b in holders)
 
-    def _catch_up(self) -> None:
-        kv, bs = self.kv, self.kv.block_size
-        for state, n, admitted in self._pending:
-            if state is None:
-                self._take(n)
-            elif admitted is None:
-                self._take(kv.blocks_needed(state, n))
-                self._register(state, state.num_cached_blocks, state.num_computed + n)
-            else:
-                hit, revive = admitted
-                loaded = sum(1 for b in revive if type(b) is tuple)
-                self._touched.update(b for b in revive if type(b) is not tuple)
-                self._take(kv.blocks_for(hit * bs + n) - hit + loaded)
-                self._register(state, hit - loaded, hit * bs + n)
-        self._pending.clear()
+    def _catch_up_admission(self, state: RequestState, n: int, hit: int, revive: list) -> None:
+        """A host hit ("load", key) takes a fresh block, and only the device hit is already registered."""
+        bs = self.kv.block_size
+        loaded = sum(1 for b in revive if type(b) is tuple)
+        self._touched.update(b for b in revive if type(b) is not tuple)
+        self._take(self.kv.blocks_for(hit * bs + n) - hit + loaded)
+        self._register(state, hit - loaded, hit * bs + n)
