@@ -181,6 +181,7 @@ class ValidateConfig:
     runs: Optional[str] = None  # a folder of run folders in inference-perf's format (testbed/app/real_runs.py)
     fit: list[str] = field(default_factory=list)  # numeric config keys to fit to the runs (least squares)
     leave_one_model_out: bool = True  # with fit: score each model with the keys fitted on the others
+    fit_step: float = bounded(0.1, gt=0, le=1)  # finite-difference step, relative to each key's value (start keys > 0)
     fit_iterations: int = bounded(2, ge=1)  # Gauss-Newton linearisations (each: 1 + len(fit) replays of every run)
     jobs: Optional[int] = bounded(None, ge=1)  # runs simulated in parallel (null: one per CPU)
     stage_gap_s: float = bounded(60.0, gt=0)  # idle time between stages (the load generator waits for a stage to drain)

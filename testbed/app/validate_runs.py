@@ -176,7 +176,7 @@ def linearise(cfg: DictConfig, runs: list[RealRun], keys: list[str], x: np.ndarr
     models = sorted({r.model for r in scored(base)})
     cols: dict[str, list[np.ndarray]] = {m: [] for m in models}
     for i, k in enumerate(keys):
-        step = abs(x[i]) * 0.2 if x[i] else 1e-5  # relative: the keys' units differ by orders of magnitude
+        step = abs(x[i]) * cfg.validate.fit_step if x[i] else 1e-5  # relative: the keys' units differ by orders
         moved = x.copy()
         moved[i] += step
         shifted = simulate_all(cfg, runs, dict(zip(keys, moved)), scored_only=True)
