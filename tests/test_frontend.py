@@ -98,7 +98,7 @@ def test_a_front_end_on_several_replicas():
     from testbed.app.run import simulate
 
     r = simulate(config("trace.max_requests=300", "trace.rate_scale=4", "backend.replicas=2", "frontend=vllm_api",
-                        "frontend.output_token_s=0.001", "output.progress=false"))
+                        "frontend.request_s=0.012", "frontend.output_token_s=0.001", "output.progress=false"))
     t, s = r.requests, r.summary
     table = format_table(s)
     assert "front end vllm_api" in table and "engine TTFT ms" in table and "engine E2E latency ms" in table
@@ -121,7 +121,7 @@ def test_a_negative_delay_is_refused_naming_the_key(key):
 def test_a_backend_without_an_http_front_end_refuses_one(backend):
     with pytest.raises(ConfigError) as e:
         check_config(config(f"backend={backend}", "frontend=vllm_api"))
-    assert f"frontend.request_s=0.012: the simulator's only" in str(e.value)
+    assert "frontend.request_s=0.0073: the simulator's only" in str(e.value)
     assert "frontend=none" in str(e.value)
     check_config(config(f"backend={backend}", "frontend=none"))  # the default is fine
 
