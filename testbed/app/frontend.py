@@ -6,7 +6,10 @@ server parses the request and tokenises the prompt before the request reaches th
 (vLLM V1: `AsyncLLM.add_request` runs the `InputProcessor` and only then hands the request to
 `EngineCoreClient.add_request`, vllm/v1/engine/async_llm.py), and each output the engine produces is
 detokenised and streamed back afterwards (`AsyncLLM.output_handler` -> `OutputProcessor.process_outputs`).
-On the real vLLM H100 runs this is some 15-25 ms of TTFT per request.
+On the real vLLM H100 runs of ../shared/calibration the client's TTFT exceeds engine steps by some 15-25
+ms; about half of it is vLLM's async scheduling (an arrival waits one more step:
+`backend.async_scheduling`), the rest, 7.3 ms per request, is what `testbed-validate` fits here
+(`frontend=vllm_api`).
 
 A first-order model with four figures (`FrontendConfig`): a request reaches the engine's queue
 `request_s + prompt_token_s x prompt_len` after it reached the server, so the engine's queueing
