@@ -277,13 +277,15 @@ class BlockManager:
                 self._drop_key(b)
                 uncached += 1
 
-    def _drop_key(self, b: int) -> None:
-        """Block `b` no longer caches its shared content."""
+    def _drop_key(self, b: int) -> int | None:
+        """Block `b` no longer caches its shared content: its key when no device block caches it any more."""
         key = self._key_of.pop(b)
         holders = self._cached[key]
         holders.remove(b)
-        if not holders:
-            del self._cached[key]
+        if holders:
+            return None
+        del self._cached[key]
+        return key
 
     def _swap_for_cached(self, blocks: list[int], i: int, other: int) -> None:
         """Hold cached block `other` in place of blocks[i], which is freed uncached."""

@@ -86,15 +86,12 @@ class OffloadingBlockManager(BlockManager):
         return key in self._host_keys
 
     # --- the host tier --------------------------------------------------------------------
-    def _drop_key(self, b: int) -> None:
-        """Block `b` no longer caches its shared content; written back, the last device copy goes to host."""
-        key = self._key_of.pop(b)
-        holders = self._cached[key]
-        holders.remove(b)
-        if not holders:
-            del self._cached[key]
-            if not self.write_through:
-                self._keep_in_host(key)
+    def _drop_key(self, b: int) -> int | None:
+        """As BlockManager's; written back, the last device copy of a key goes to host."""
+        key = super()._drop_key(b)
+        if key is not None and not self.write_through:
+            self._keep_in_host(key)
+        return key
 
     def register(self, state: RequestState, num_tokens: int) -> None:
         """As BlockManager's; written through, the shared-prefix blocks it caches are stored to host."""
