@@ -77,7 +77,7 @@ class KVConfig:
     swap_space_gb: float = bounded(0.0, ge=0)  # host memory for swap preemption
     # host memory for a KV tier behind the prefix cache (vLLM's --kv-offloading-size, SGLang's
     # --hicache-size): evicted prefix blocks are kept there and loaded back on a hit; 0: off.
-    # Simulator only (testbed.core.kv_offload)
+    # Per GPU, as swap_space_gb (each GPU keeps its share of every block). Simulator only (testbed.core.kv_offload)
     offload_gb: float = bounded(0.0, ge=0)
     # when a prefix block is stored to the host tier: "write_through" (when cached: vLLM, SGLang's
     # default) or "write_back" (when its last device copy is evicted: SGLang's write_back)

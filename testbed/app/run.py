@@ -185,8 +185,14 @@ def with_host_link(cost, cfg: DictConfig, model: ModelSpec, hw: HardwareSpec):
     import copy
 
     cost = copy.copy(cost)
-    cost.host_link_s_per_block = cfg.kv.block_size * model.kv_bytes_per_token / hw.host_link_bandwidth
+    cost.host_link_s_per_block = block_bytes_per_gpu(cfg, model) / hw.host_link_bandwidth
     return cost
+
+
+def block_bytes_per_gpu(cfg: DictConfig, model: ModelSpec) -> int:
+    """One KV block's bytes on one GPU (its share of the KV heads and layers): what host memory
+    (swap space, the offload tier) holds per block, per GPU, as vLLM sizes both."""
+    return cfg.kv.block_size * model.kv_bytes_per_token_per_gpu(parallel_spec(cfg))
 
 
 def offload_kv_blocks(cfg: DictConfig, model: ModelSpec) -> int:
@@ -197,10 +203,10 @@ def offload_kv_blocks(cfg: DictConfig, model: ModelSpec) -> int:
     gb = cfg.kv.get("offload_gb") or 0.0
     if not gb:
         return 0
-    n = int(gb * 1e9 // (cfg.kv.block_size * model.kv_bytes_per_token))
+    n = int(gb * 1e9 // block_bytes_per_gpu(cfg, model))
     if n < 1:
         raise ValueError(f"kv.offload_gb={gb}: holds no KV block of {model.name} "
-                         f"({cfg.kv.block_size * model.kv_bytes_per_token / 1e9:.3g} GB a block); set 0 or more")
+                         f"({block_bytes_per_gpu(cfg, model) / 1e9:.3g} GB a block per GPU); set 0 or more")
     return n
 
 
@@ -257,8 +263,7 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
     reqs, load_rejects = (requests, []) if requests is not None else build_requests(cfg.trace, cfg.seed)
     cost = build_cost_model(cfg, model, hw)
     blocks = device_blocks if device_blocks is not None else device_kv_blocks(cfg, model, hw)
-    # swap space is per GPU (vLLM's swap_space), each GPU holding its share of every block
-    host_blocks = int(cfg.kv.swap_space_gb * 1e9 // (cfg.kv.block_size * model.kv_bytes_per_token_per_gpu(parallel_spec(cfg))))
+    host_blocks = int(cfg.kv.swap_space_gb * 1e9 // block_bytes_per_gpu(cfg, model))  # vLLM's swap_space: per GPU
     limits = SchedulerLimits(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs,
                              cfg.scheduler.max_model_len or model.max_model_len)
     knobs = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}

@@ -63,13 +63,9 @@ class KernelCostModel:
         self.model, self.hw, self.parallel, self.db = model, hardware, parallel, db
         t, p = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
         m = model
-        if m.num_heads % t:
-            raise KernelDBError(f"parallel.tensor_parallel_size={t} does not divide model.num_heads={m.num_heads}")
-        if m.num_kv_heads % t and t % m.num_kv_heads:
-            raise KernelDBError(f"parallel.tensor_parallel_size={t} and model.num_kv_heads={m.num_kv_heads}: one must "
-                                f"divide the other (vLLM splits or replicates KV heads)")
-        self.heads, self.kv_heads = m.num_heads // t, max(1, m.num_kv_heads // t)
-        self.layers_per_stage = math.ceil(m.num_layers / p)
+        m.check_parallel(parallel)
+        self.heads, self.kv_heads = m.num_heads // t, m.kv_heads_per_gpu(t)
+        self.layers_per_stage = max(m.stage_layers(p))
         self.kernel_scale = kernel_scale
         # a tensor-parallel all-reduce is also a barrier: in a real step each one waits for the slowest GPU
         # of the group, which a kernel timed alone never does (two per layer and the embedding's, at t > 1)
@@ -81,8 +77,7 @@ class KernelCostModel:
         # a stage hands tokens x hidden activations to the next; each GPU of a stage moves its own share
         self.handoff_per_token = (p - 1) * m.hidden_size * m.dtype_bytes / hardware.interconnect_bandwidth
         self.handoff_fixed = (p - 1) * hardware.interconnect_latency_s
-        kv_bytes_per_token_gpu = 2 * self.layers_per_stage * self.kv_heads * m.head_dim * m.dtype_bytes
-        self.swap_per_block = block_size * kv_bytes_per_token_gpu / hardware.host_link_bandwidth
+        self.swap_per_block = block_size * m.kv_bytes_per_token_per_gpu(parallel) / hardware.host_link_bandwidth
         self._check_attention()
         ms = np.arange(1, max_tokens + 1, dtype=float)
         # index n: n tokens (index 0 unused)
