@@ -105,22 +105,19 @@ def load_runs(folder: str | Path) -> list[RealRun]:
 
 def load_run(path: str | Path) -> RealRun:
     d = Path(path)
-    exp = _yaml(d / "exp-config.yaml")
-    resolved = _yaml(d / "results" / "config.yaml")
-    model_id = str(_key(exp, "model", d / "exp-config.yaml"))
-    sp = _key(_key(resolved, "data", d / "results/config.yaml"), "shared_prefix", d / "results/config.yaml: data")
-    where = d / "results/config.yaml: data.shared_prefix"
-    workload = SharedPrefixWorkload(*(int(_key(sp, k, where)) for k in
+    exp_file, resolved_file = d / "exp-config.yaml", d / "results" / "config.yaml"
+    exp, resolved = _read(exp_file, yaml.safe_load), _read(resolved_file, yaml.safe_load)
+    model_id = str(_at(exp, "model", exp_file))
+    workload = SharedPrefixWorkload(*(int(_at(resolved, f"data.shared_prefix.{k}", resolved_file)) for k in
                                       ("num_groups", "num_prompts_per_group", "system_prompt_len", "question_len",
                                        "output_len")))
-    raw_stages = _key(_key(resolved, "load", d / "results/config.yaml"), "stages", d / "results/config.yaml: load")
-    stages = tuple(_stage(d, i, s) for i, s in enumerate(raw_stages))
+    stages = tuple(_stage(d, i, s) for i, s in enumerate(_at(resolved, "load.stages", resolved_file)))
     return RealRun(
         name=d.name, path=d, model_id=model_id, model_config=_model_config(d, model_id),
         tensor_parallel=int(exp.get("tensor_parallelism", 1)), pipeline_parallel=int(exp.get("pipeline_parallelism", 1)),
-        max_model_len=int(_key(exp, "max_model_len", d / "exp-config.yaml")),
-        max_num_batched_tokens=int(_key(exp, "max_num_batched_tokens", d / "exp-config.yaml")),
-        max_num_seqs=int(_key(exp, "max_num_seqs", d / "exp-config.yaml")),
+        max_model_len=int(_at(exp, "max_model_len", exp_file)),
+        max_num_batched_tokens=int(_at(exp, "max_num_batched_tokens", exp_file)),
+        max_num_seqs=int(_at(exp, "max_num_seqs", exp_file)),
         gpu_memory_utilization=float(exp.get("gpu_memory_utilization", 0.9)),
         async_scheduling=bool(exp.get("async_scheduling", True)),
         workload=workload, stages=stages)
@@ -128,26 +125,19 @@ def load_run(path: str | Path) -> RealRun:
 
 def _stage(d: Path, i: int, asked: dict) -> Stage:
     f = d / "results" / f"stage_{i}_lifecycle_metrics.json"
-    try:
-        m = json.loads(f.read_text())
-    except FileNotFoundError:
-        raise RealRunError(f"{f}: missing (results/config.yaml lists {i + 1} or more stages)") from None
-    except json.JSONDecodeError as e:
-        raise RealRunError(f"{f}: not JSON ({e})") from None
-    ok = _key(m, "successes", f)
-    lat = _key(ok, "latency", f"{f}: successes")
-    load = _key(m, "load_summary", f)
-    failed = int((m.get("failures") or {}).get("count") or 0)
-    sent = int(_key(load, "count", f"{f}: load_summary"))
-    duration = float(_key(asked, "duration", d / "results/config.yaml: load.stages"))
+    if not f.is_file():
+        raise RealRunError(f"{f}: missing (results/config.yaml lists {i + 1} or more stages)")
+    m = _read(f, json.loads)
+    where = f"{d / 'results/config.yaml'}: load.stages[{i}]"
+    sent, duration = int(_at(m, "load_summary.count", f)), float(_at(asked, "duration", where))
     return Stage(
-        rate=float(_key(asked, "rate", d / "results/config.yaml: load.stages")), duration_s=duration,
-        num_requests=sent, succeeded=int(_key(ok, "count", f"{f}: successes")), failed=failed,
-        achieved_rate=float(load.get("achieved_rate") or sent / duration),
-        completed_rate=float(_key(_key(ok, "throughput", f"{f}: successes"), "requests_per_sec", f"{f}: successes.throughput")),
-        mean_prompt_len=float(_key(_key(ok, "prompt_len", f"{f}: successes"), "mean", f"{f}: successes.prompt_len")),
-        mean_ttft_s=float(_key(_key(lat, "time_to_first_token", f"{f}: successes.latency"), "mean", f"{f}: ...time_to_first_token")),
-        mean_e2e_s=float(_key(_key(lat, "request_latency", f"{f}: successes.latency"), "mean", f"{f}: ...request_latency")))
+        rate=float(_at(asked, "rate", where)), duration_s=duration, num_requests=sent,
+        succeeded=int(_at(m, "successes.count", f)), failed=int((m.get("failures") or {}).get("count") or 0),
+        achieved_rate=float(m["load_summary"].get("achieved_rate") or sent / duration),
+        completed_rate=float(_at(m, "successes.throughput.requests_per_sec", f)),
+        mean_prompt_len=float(_at(m, "successes.prompt_len.mean", f)),
+        mean_ttft_s=float(_at(m, "successes.latency.time_to_first_token.mean", f)),
+        mean_e2e_s=float(_at(m, "successes.latency.request_latency.mean", f)))
 
 
 def _model_config(d: Path, model_id: str) -> Path:
@@ -160,19 +150,26 @@ def _model_config(d: Path, model_id: str) -> Path:
                        f"in {d} and {d.parent})")
 
 
-def _yaml(f: Path) -> dict:
+def _read(f: Path, parse) -> dict:
+    """A YAML or JSON file's top-level mapping (`parse`: yaml.safe_load or json.loads)."""
     try:
-        data = yaml.safe_load(f.read_text())
+        data = parse(f.read_text())
     except FileNotFoundError:
         raise RealRunError(f"{f}: missing") from None
-    except yaml.YAMLError as e:
-        raise RealRunError(f"{f}: not YAML ({e})") from None
+    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        raise RealRunError(f"{f}: cannot be parsed ({e})") from None
     if not isinstance(data, dict):
         raise RealRunError(f"{f}: expected a mapping at the top")
     return data
 
 
-def _key(node: object, key: str, where: object):
-    if not isinstance(node, dict) or node.get(key) is None:
-        raise RealRunError(f"{where}: missing key {key!r}")
-    return node[key]
+def _at(node: object, dotted: str, where: object):
+    """The value at a dotted key path, or an error naming the file and the first key missing."""
+    done = []
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or node.get(key) is None:
+            inside = f" (in {'.'.join(done)})" if done else ""
+            raise RealRunError(f"{where}: missing key {key!r}{inside}")
+        node = node[key]
+        done.append(key)
+    return node
