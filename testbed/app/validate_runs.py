@@ -146,57 +146,38 @@ def simulate_all(cfg: DictConfig, runs: list[RealRun], values: dict[str, float] 
     return [x for part in parts for x in part]
 
 
-def _residuals(results: list[StageResult], models: set[str]) -> np.ndarray:
-    return np.array([r.error(m) for r in scored(results) if r.model in models for m in METRICS])
+def _residuals(results: list[StageResult]) -> np.ndarray:
+    """Relative errors of every scored stage's metrics, in the results' order."""
+    return np.array([r.error(m) for r in scored(results) for m in METRICS])
 
 
-@dataclass
-class Linearisation:
-    """Each scored stage's relative errors at `x` and their derivatives in every fitted key,
-    by finite differences of whole simulations: a fit on any subset of the models is then a
-    bounded linear least-squares problem, with no further simulation."""
+def gauss_newton_step(cfg: DictConfig, runs: list[RealRun], keys: list[str], x: np.ndarray) -> np.ndarray:
+    """The keys that minimise the residuals linearised at `x` (each key >= 0): the residuals and
+    their derivatives in every key by finite differences of whole replays, then bounded linear
+    least squares."""
+    from scipy.optimize import lsq_linear
 
-    keys: list[str]
-    x: np.ndarray
-    base: list[StageResult]
-    jacobian: dict[str, np.ndarray]  # per model: d residuals / d x
-
-    def solve(self, models: set[str]) -> np.ndarray:
-        from scipy.optimize import lsq_linear
-
-        r0 = np.concatenate([_residuals(self.base, {m}) for m in sorted(models)])  # rows in the Jacobian's order
-        J = np.vstack([self.jacobian[m] for m in sorted(models)])
-        scale = np.where(self.x > 0, self.x, 1e-3)
-        sol = lsq_linear(J * scale, -r0, bounds=(-self.x / scale, np.inf))  # keys stay >= 0
-        return self.x + sol.x * scale
-
-
-def linearise(cfg: DictConfig, runs: list[RealRun], keys: list[str], x: np.ndarray) -> Linearisation:
-    base = simulate_all(cfg, runs, dict(zip(keys, x)), scored_only=True)
-    models = sorted({r.model for r in scored(base)})
-    cols: dict[str, list[np.ndarray]] = {m: [] for m in models}
+    r0 = _residuals(simulate_all(cfg, runs, dict(zip(keys, x)), scored_only=True))
+    columns = []
     for i, k in enumerate(keys):
         step = abs(x[i]) * cfg.validate.fit_step if x[i] else 1e-5  # relative: the keys' units differ by orders
         moved = x.copy()
         moved[i] += step
-        shifted = simulate_all(cfg, runs, dict(zip(keys, moved)), scored_only=True)
-        for m in models:
-            cols[m].append((_residuals(shifted, {m}) - _residuals(base, {m})) / step)
+        columns.append((_residuals(simulate_all(cfg, runs, dict(zip(keys, moved)), scored_only=True)) - r0) / step)
         log.info("validate: d/d %s done (%d of %d)", k, i + 1, len(keys))
-    return Linearisation(keys, x, base, {m: np.column_stack(cols[m]) for m in models})
+    scale = np.where(x > 0, x, 1e-3)
+    sol = lsq_linear(np.column_stack(columns) * scale, -r0, bounds=(-x / scale, np.inf))
+    return x + sol.x * scale
 
 
-def fit(cfg: DictConfig, runs: list[RealRun], keys: list[str]) -> Linearisation:
-    """Gauss-Newton over `keys` (each >= 0) on the relative errors of TTFT, E2E and TPOT of every
-    scored stage of `runs`: `validate.fit_iterations` linearisations, each at the previous one's
-    solution; the last one is returned (its `solve` is the fit)."""
+def fit(cfg: DictConfig, runs: list[RealRun], keys: list[str]) -> dict[str, float]:
+    """Gauss-Newton over `keys` (each >= 0, starting from the config's values) on the relative
+    errors of TTFT, E2E and TPOT of every scored stage of `runs`: `validate.fit_iterations` steps."""
     x = np.array([float(OmegaConf.select(cfg, k)) for k in keys])
-    lin = linearise(cfg, runs, keys, x)
-    for it in range(cfg.validate.fit_iterations - 1):
-        x = lin.solve(set(lin.jacobian))
+    for it in range(cfg.validate.fit_iterations):
+        x = gauss_newton_step(cfg, runs, keys, x)
         log.info("validate: iteration %d: %s", it + 1, dict(zip(keys, x.round(6))))
-        lin = linearise(cfg, runs, keys, x)
-    return lin
+    return dict(zip(keys, x.tolist()))
 
 
 def validate(cfg: DictConfig) -> dict:
@@ -210,22 +191,19 @@ def validate(cfg: DictConfig) -> dict:
         v = OmegaConf.select(cfg, k)
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise ValueError(f"validate.fit: {k} is not a numeric config key (its value: {v!r})")
-    models = sorted({r.model_name for r in runs})
     report: dict = {"runs": str(vc.runs), "cost_model": cfg.cost_model.name, "hardware": cfg.hardware.name,
                     "frontend": cfg.get("frontend", {}).get("name", "none"), "policy": cfg.policy.name}
     if keys:
-        lin = fit(cfg, runs, keys)
-        fitted_all = dict(zip(keys, lin.solve(set(lin.jacobian)).tolist()))
+        fitted_all = fit(cfg, runs, keys)
         report["fitted_on_all_models"] = fitted_all
         in_sample = simulate_all(cfg, runs, fitted_all)
         report["in_sample_median_abs_error"] = median_abs_errors(in_sample)
         results = in_sample
-        if vc.leave_one_model_out and len(lin.jacobian) > 1:
+        models = sorted({r.model_name for r in runs if not all(s.overloaded for s in r.stages)})
+        if vc.leave_one_model_out and len(models) > 1:
             held_out, per_model = [], {}
-            for m in sorted(lin.jacobian):  # a whole fit without model m, from the config's starting values
-                lin_m = fit(cfg, [r for r in runs if r.model_name != m], keys)
-                values = dict(zip(keys, lin_m.solve(set(lin_m.jacobian)).tolist()))
-                per_model[m] = values
+            for m in models:  # a whole fit without model m, from the config's starting values
+                values = per_model[m] = fit(cfg, [r for r in runs if r.model_name != m], keys)
                 held_out += simulate_all(cfg, [r for r in runs if r.model_name == m], values)
             report["fitted_without_model"] = per_model
             report["leave_one_model_out_median_abs_error"] = median_abs_errors(held_out)
