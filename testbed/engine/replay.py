@@ -40,6 +40,9 @@ class EngineReplay(WallClockReplay):
         # each step's (batch shape, execute() seconds, whole iteration seconds: arrivals + plan + execute +
         # complete), so a cost model's prediction can be checked step by step (testbed-fidelity)
         self.step_records: list[tuple[BatchShape, float, float]] = []
+        # this thread's CPU seconds over each recorded iteration: with one torch thread, a step whose wall
+        # time exceeds it lost the core to another process (testbed-fidelity's `cpu_share`)
+        self.step_cpu_s: list[float] = []
         self.generated: dict[int, list[int]] = {}  # output token ids of every finished request
 
     def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
@@ -85,3 +88,4 @@ class EngineReplay(WallClockReplay):
             if s.status is Status.FINISHED:
                 self.generated[s.req.id] = tokens.pop(s.req.id)[s.req.prompt_len:]
         self.step_records.append((batch.shape, end - start, self.clock() - t0 - now))
+        self.step_cpu_s.append(time.thread_time() - self.iteration_cpu0)
