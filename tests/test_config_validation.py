@@ -72,7 +72,7 @@ def numeric_keys() -> list[tuple[str, str, object]]:
     import typing
 
     from testbed.app.config import TestbedConfig
-    from testbed.app.plugins import load_policies
+    from testbed.app.plugins import load_policies, load_routers
     from testbed.app.validate import field_types
     from testbed.core.bounds import bounds_of
 
@@ -81,9 +81,9 @@ def numeric_keys() -> list[tuple[str, str, object]]:
             t = field_types(schema)[f.name]
             if dataclasses.is_dataclass(t):
                 yield from walk(t, f"{prefix}{f.name}.", policy)
-            elif t is typing.Any:
-                for name, cls in sorted(load_policies().items()):
-                    yield from walk(cls.Knobs, f"{prefix}{f.name}.", name)
+            elif t is typing.Any:  # the policy and router groups: every registered one's knobs
+                for name, cls in sorted((load_routers() if f.name == "router" else load_policies()).items()):
+                    yield from walk(cls.Knobs, f"{prefix}{f.name}.", f"{f.name}={name}")
             else:
                 item = typing.get_args(t)[0] if typing.get_origin(t) is list else t
                 if item in (int, float):
@@ -93,20 +93,20 @@ def numeric_keys() -> list[tuple[str, str, object]]:
                                     iv.lt) if v is not None)
                     yield policy, f"{prefix}{f.name}", [bad] if item is not t and bad is not None else bad
 
-    return list(walk(TestbedConfig, "", "vllm"))
+    return list(walk(TestbedConfig, "", "policy=vllm"))
 
 
 _composed: dict[str, object] = {}
 
 
-@pytest.mark.parametrize("policy, key, bad", numeric_keys(), ids=lambda x: x if isinstance(x, str) else None)
-def test_every_numeric_key_is_range_checked_naming_it(policy, key, bad):
+@pytest.mark.parametrize("group, key, bad", numeric_keys(), ids=lambda x: x if isinstance(x, str) else None)
+def test_every_numeric_key_is_range_checked_naming_it(group, key, bad):
     from omegaconf import OmegaConf
 
     assert bad is not None, f"{key} declares no range: give its field bounded(default, ge=..., ...)"
-    if policy not in _composed:
-        _composed[policy] = config(f"policy={policy}")
-    cfg = _composed[policy].copy()
+    if group not in _composed:
+        _composed[group] = config(group)
+    cfg = _composed[group].copy()
     OmegaConf.update(cfg, key, bad)
     with pytest.raises(ConfigError) as e:
         check_config(cfg)
@@ -154,14 +154,29 @@ def sim_only_settings() -> list[tuple[str, object]]:
 
     from testbed.app.config import BackendConfig
 
-    other = {int: 4, str: "least_loaded", bool: False}
+    other = {int: 4, bool: False}
     return [(f"backend.{f.name}", other[type(f.default)] if f.default is not False else True)
             for f in dataclasses.fields(BackendConfig) if "sim_only" in f.metadata]
 
 
 def test_the_simulator_only_keys_are_the_known_four():
-    assert [k for k, _ in sim_only_settings()] == ["backend.replicas", "backend.router", "backend.fast_forward",
+    assert [k for k, _ in sim_only_settings()] == ["backend.replicas", "backend.fast_forward",
                                                    "backend.async_scheduling"]
+
+
+def test_a_router_other_than_the_default_is_refused_on_the_engine():
+    check_config(config("router=least_outstanding", "backend.replicas=2"))
+    with pytest.raises(ConfigError, match=r"router=least_outstanding: the simulator's only .*backend=engine"):
+        check_config(config("backend=engine", "model=tiny_llama", "router=least_outstanding"))
+
+
+def test_an_unknown_router_or_router_knob_is_named():
+    from omegaconf import OmegaConf
+
+    cfg = config("router=least_outstanding")
+    OmegaConf.update(cfg, "router.name", "nearest", force_add=True)
+    with pytest.raises(ConfigError, match=r"router.name='nearest': no such router; registered: .*round_robin"):
+        check_config(cfg)
 
 
 @pytest.mark.parametrize("key, value", sim_only_settings())

@@ -117,7 +117,6 @@ class BackendConfig:
 
     name: str = "sim"
     replicas: int = bounded(1, ge=1, sim_only="the engine serves one replica")
-    router: str = field(default="round_robin", metadata={"sim_only": "the engine serves one replica: nothing is routed"})
     horizon_s: Optional[float] = bounded(None, gt=0)
     # merge steady decode steps into one event (exact; see StepLoop.extend_decode_run)
     fast_forward: bool = field(default=True, metadata={"sim_only": "the engine runs every step on the wall clock"})
@@ -192,6 +191,7 @@ class ValidateConfig:
 class TestbedConfig:
     trace: TraceConfig = MISSING
     policy: Any = MISSING
+    router: Any = MISSING  # which replica each arrival joins (testbed/routers/); backend.replicas > 1 only
     model: ModelSpec = MISSING
     hardware: HardwareSpec = MISSING
     cost_model: CostModelConfig = MISSING
@@ -227,7 +227,7 @@ def trace_name(default: str, path: Optional[str], default_path: Optional[str]) -
 
 
 def register_configs() -> None:
-    from testbed.app.plugins import load_policies
+    from testbed.app.plugins import load_policies, load_routers
 
     OmegaConf.register_new_resolver("trace_name", trace_name, replace=True)
     cs = ConfigStore.instance()
@@ -242,3 +242,5 @@ def register_configs() -> None:
     cs.store(group="frontend", name="frontend_schema", node=FrontendConfig)
     for name, cls in load_policies().items():
         cs.store(group="policy", name=f"{name}_schema", node=cls.Knobs)
+    for name, cls in load_routers().items():
+        cs.store(group="router", name=f"{name}_schema", node=cls.Knobs)

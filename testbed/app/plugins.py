@@ -15,9 +15,12 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 
 from testbed.core.policy import Policy, make_policy as _make_policy, registered
+from testbed.core.router import Router, make_router as _make_router, registered_routers
 
 GROUP = "testbed.policies"
+ROUTER_GROUP = "testbed.routers"
 _loaded = False
+_routers_loaded = False
 
 
 def load_policies() -> dict[str, type]:
@@ -40,3 +43,26 @@ def make_policy(name: str, **knobs) -> Policy:
     """`testbed.core.policy.make_policy` after every policy has been loaded."""
     load_policies()
     return _make_policy(name, **knobs)
+
+
+def load_routers() -> dict[str, type]:
+    """Register the bundled routers and every installed plugin's (entry point group
+    `testbed.routers`, as for policies); return the registry."""
+    global _routers_loaded
+    if not _routers_loaded:
+        import testbed.routers  # noqa: F401  (importing the package registers the bundled routers)
+
+        for ep in entry_points(group=ROUTER_GROUP):
+            try:
+                ep.load()
+            except Exception as e:
+                raise ImportError(f"router plugin {ep.name!r} ({ep.value}, entry point group {ROUTER_GROUP!r}) "
+                                  f"failed to load: {e}") from e
+        _routers_loaded = True
+    return registered_routers()
+
+
+def make_router(name: str, **knobs) -> Router:
+    """`testbed.core.router.make_router` after every router has been loaded."""
+    load_routers()
+    return _make_router(name, **knobs)

@@ -27,7 +27,7 @@ from testbed.core.kv_offload import WRITE_POLICIES, OffloadingBlockManager
 from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
 from testbed.app.frontend import ClientClock, FrontendConfig, to_engine_queue
 from testbed.app.metrics import SLO, request_table, summarize
-from testbed.app.plugins import make_policy
+from testbed.app.plugins import make_policy, make_router
 from testbed.core.request import Request
 from testbed.app.results import steps_frame
 from testbed.sim.simulation import Simulation, gc_paused
@@ -293,6 +293,10 @@ def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, 
                    num_steps=sum(sum(l.series.steps[:len(l.series.duration)]) for l in loops),
                    num_events=sum(len(l.series.duration) for l in loops),
                    frontend=setup.frontend.name if clock is not None else "none")
+    if len(loops) > 1:  # which router spread the arrivals, and how evenly
+        routed = [len(l.states) for l in loops]
+        summary.update(router=cfg.router.name if cfg.get("router") is not None else "round_robin",
+                       routed_max_share=max(routed) / max(sum(routed), 1))
     if setup.offload_blocks:
         summary.update(offload_summary([l.kv for l in loops]))
     rows = len(setup.requests) + len(setup.load_rejects)
@@ -316,6 +320,15 @@ def offload_summary(kvs: list[OffloadingBlockManager]) -> dict:
             "total_prefix_hit_rate": (sum(k.hit_tokens for k in kvs) + loaded) / queried if queried else 0.0}
 
 
+def build_router(cfg: DictConfig):
+    """The config's router (`router=<name>`, knobs under `router.*`); round robin when the config has none."""
+    node = cfg.get("router")
+    if node is None:
+        return make_router("round_robin")
+    knobs = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "name"}
+    return make_router(node.name, **knobs)
+
+
 def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: ModelSpec | None = None,
              requests: list[Request] | None = None) -> RunResult:
     """Simulate the config's run; `stop()` turning true ends it early (interrupted) between steps.
@@ -327,7 +340,7 @@ def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: Mod
     engine_requests, clock = to_engine_queue(setup.requests, setup.frontend)  # the front end delays arrivals
     with progress_bar(cfg, engine_requests) as progress:
         sim = Simulation(engine_requests, lambda: setup.make_loop(cfg), setup.cost, cfg.backend.replicas,
-                         cfg.backend.router, cfg.backend.horizon_s, cfg.backend.fast_forward, progress,
+                         build_router(cfg), cfg.backend.horizon_s, cfg.backend.fast_forward, progress,
                          cfg.backend.async_scheduling)
         with gc_paused():
             return finish(cfg, setup, sim.run(stop), "sim", t0, clock)

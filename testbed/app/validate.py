@@ -25,7 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from testbed.app.config import BackendConfig, TestbedConfig
 from testbed.app.frontend import FrontendConfig
-from testbed.app.plugins import load_policies
+from testbed.app.plugins import load_policies, load_routers
 from testbed.core.bounds import bounds_of, range_problem
 
 
@@ -46,6 +46,9 @@ def check_config(cfg: DictConfig, backend: str | None = None) -> None:
     name = backend or cfg.backend.get("name")
     if name in ("engine", "vllm"):
         problems += sim_only_keys_set(cfg, name) + multi_gpu_set(cfg, name)
+        if (router := (cfg.get("router") or {}).get("name", "round_robin")) != "round_robin":
+            problems.append(f"router={router}: the simulator's only (backend={name} serves one replica: nothing is "
+                            "routed): leave it at round_robin")
         if "kv" in cfg and cfg.kv.get("offload_gb"):
             problems.append(f"kv.offload_gb={cfg.kv.offload_gb}: the simulator's only (the host KV tier is "
                             f"bookkeeping, backend={name} would copy no block to host): leave it at 0")
@@ -72,13 +75,14 @@ def schema_nodes(cfg: DictConfig) -> Iterator[tuple[str, DictConfig, type | None
             if not (dataclasses.is_dataclass(hint) or hint is Any) or key not in node or OmegaConf.is_missing(node, key):
                 continue  # only nested schemas are walked: no leaf is resolved here
             child = node[key]
-            if isinstance(child, DictConfig):  # Any: the policy node, whose schema is its policy's Knobs
-                stack.append((f"{path}{key}.", child, hint if hint is not Any else knobs_of(child.get("name"))))
+            if isinstance(child, DictConfig):  # Any: the policy or router node, whose schema is its Knobs
+                stack.append((f"{path}{key}.", child, hint if hint is not Any else knobs_of(key, child.get("name"))))
 
 
 def unknown_keys(path: str, node: DictConfig, schema: type | None) -> list[str]:
     if schema is None:
-        return [f"{path}name={node.get('name')!r}: no such policy; registered: {', '.join(sorted(load_policies()))}"]
+        kind = path.rstrip(".")
+        return [f"{path}name={node.get('name')!r}: no such {kind}; registered: {', '.join(sorted(_registry(kind)))}"]
     known = list(field_types(schema))
     out = []
     for key in node.keys():
@@ -146,6 +150,11 @@ def _unwrap(t: Any) -> Any:
     return t
 
 
-def knobs_of(name: Any) -> type | None:
-    cls = load_policies().get(name)
+def _registry(kind: str) -> dict[str, type]:
+    return load_routers() if kind == "router" else load_policies()
+
+
+def knobs_of(kind: str, name: Any) -> type | None:
+    """The knob dataclass of the registered policy or router (`kind`) called `name`, or None."""
+    cls = _registry(kind).get(name)
     return cls.Knobs if cls is not None else None

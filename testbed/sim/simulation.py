@@ -28,8 +28,7 @@ import simpy
 from testbed.core.cost import CostModel
 from testbed.core.loop import ReplayOutcome, StepLoop
 from testbed.core.request import Request
-
-ROUTERS = ("round_robin", "least_loaded")
+from testbed.core.router import ReplicaView, Router
 
 
 class _Stopped(Exception):
@@ -53,19 +52,22 @@ def gc_paused():
 
 class Simulation:
     def __init__(self, requests: Sequence[Request], make_loop: Callable[[], StepLoop], cost_model: CostModel,
-                 replicas: int = 1, router: str = "round_robin", horizon_s: float | None = None,
+                 replicas: int = 1, router: Router | None = None, horizon_s: float | None = None,
                  fast_forward: bool = True, progress: Callable[[float, int], None] | None = None,
                  async_scheduling: bool = False):
         if replicas < 1:
             raise ValueError(f"sim.replicas={replicas}: must be >= 1")
-        if router not in ROUTERS:
-            raise ValueError(f"sim.router={router!r}: expected one of {ROUTERS}")
+        if router is None:  # the default, as `router=round_robin`
+            from testbed.routers.round_robin import RoundRobin
+
+            router = RoundRobin()
         if horizon_s is not None and horizon_s <= 0:
             raise ValueError(f"sim.horizon_s={horizon_s}: must be > 0 (or null for no horizon)")
         self.requests = requests
         self.cost_model = cost_model
         self.loops = [make_loop() for _ in range(replicas)]
         self.router = router
+        self.views = [ReplicaView(i, loop) for i, loop in enumerate(self.loops)]
         self.horizon_s = horizon_s
         self.fast_forward = fast_forward
         self.async_scheduling = async_scheduling
@@ -74,7 +76,6 @@ class Simulation:
         self.progress = progress  # called with (simulated time, requests delivered) now and then
         self.env = simpy.Environment()
         self._idle: list[simpy.Event | None] = [None] * replicas
-        self._next = 0
         self._delivered = 0
         self._arrivals_done = False
         self.stalled = False
@@ -108,7 +109,7 @@ class Simulation:
                 yield env.timeout(req.arrival - env.now)
             if self._stop():
                 raise _Stopped
-            i = self._route()
+            i = self._route(req)
             if self._in_step[i] and self.async_scheduling:
                 self._held[i].append(req)
             else:
@@ -166,14 +167,14 @@ class Simulation:
             self._idle[i] = None
             ev.succeed()
 
-    def _route(self) -> int:
+    def _route(self, req: Request) -> int:
         if len(self.loops) == 1:
             return 0
-        if self.router == "round_robin":
-            i = self._next
-            self._next = (i + 1) % len(self.loops)
-            return i
-        return min(range(len(self.loops)), key=lambda j: (len(self.loops[j].live), j))
+        i = self.router.route(req, self.views, self.env.now)
+        if not (type(i) is int and 0 <= i < len(self.loops)):
+            raise ValueError(f"router {self.router.name!r} returned {i!r} for request {req.id}: expected a replica "
+                             f"index in 0..{len(self.loops) - 1}")
+        return i
 
 
 def _never() -> bool:

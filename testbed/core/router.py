@@ -1,0 +1,140 @@
+"""The contract between the simulator and a router, and the registry of routers.
+
+With several replicas, a router picks the replica each arriving request joins, once, at its
+arrival (as vLLM's and SGLang's routers and llm-d's endpoint picker do: a request never moves
+between replicas). A router is a small object like a policy: `route(req, replicas, now)` returns
+an index into `replicas`, a read-only `ReplicaView` of each replica's queues and KV cache. Its
+knobs are a dataclass that doubles as the Hydra schema of `testbed/conf/router/<name>.yaml`.
+The core holds the contract and the registry; the bundled routers live in `testbed.routers`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+
+from testbed.core.bounds import check_ranges
+from testbed.core.request import Request, RequestState
+
+if TYPE_CHECKING:
+    from testbed.core.loop import StepLoop
+
+
+class ReplicaView:
+    """What a router may see of one replica: its queues and KV cache, read-only.
+
+    Reads the replica's live loop, so building it costs nothing per arrival. The counts are
+    those a real router can know: SGLang's router and llm-d's scorers read the engines'
+    running and waiting counts and KV usage from their metrics, and a cache-aware router
+    tracks each replica's cached prefixes."""
+
+    __slots__ = ("index", "_loop", "_kv")
+
+    def __init__(self, index: int, loop: "StepLoop"):
+        self.index = index
+        self._loop = loop
+        self._kv = loop.kv
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests routed here and not yet holding device KV (new, preempted or swapped)."""
+        return len(self._loop.waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Requests holding device KV."""
+        return len(self._loop.running)
+
+    @property
+    def outstanding(self) -> int:
+        """Requests routed here and not yet finished (waiting, swapped or running)."""
+        return len(self._loop.live)
+
+    @property
+    def num_blocks(self) -> int:
+        return self._kv.num_blocks
+
+    @property
+    def free_blocks(self) -> int:
+        return self._kv.num_free_blocks
+
+    @property
+    def kv_usage(self) -> float:
+        """Used share of the device KV blocks (vLLM's `kv_cache_usage` gauge)."""
+        return self._kv.num_used_blocks / self._kv.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._kv.block_size
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self._kv.enable_prefix_caching
+
+    def cached_prefix_tokens(self, req: Request) -> int:
+        """Leading prompt tokens of `req` whose KV this replica's prefix cache holds now (0 without
+        prefix caching or prefix ids). A lookup only: it moves no block in the cache's eviction order
+        and counts in no hit-rate statistic."""
+        if not self._kv.enable_prefix_caching or not req.prefix_hashes:
+            return 0
+        return self._kv.match_prefix(RequestState(req))  # read-only (BlockManager.match_prefix)
+
+
+@runtime_checkable
+class Router(Protocol):
+    name: str
+
+    def route(self, req: Request, replicas: Sequence[ReplicaView], now: float) -> int: ...
+
+
+@dataclass
+class RouterKnobs:
+    """Base of every router's knob dataclass; `name` selects the router."""
+
+    name: str = "???"
+
+    def __post_init__(self):
+        check_ranges(self, "router")
+
+
+class BaseRouter:
+    """Convenience base: knobs kept as attributes."""
+
+    name = "base"
+    Knobs: type[RouterKnobs] = RouterKnobs
+
+    def __init__(self, knobs: RouterKnobs | None = None):
+        self.knobs = knobs if knobs is not None else self.Knobs(name=self.name)
+
+    def route(self, req: Request, replicas: Sequence[ReplicaView], now: float) -> int:  # pragma: no cover
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register_router(cls: type) -> type:
+    """Class decorator: make a router selectable as `router=<cls.name>`."""
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"router name {cls.name!r} is registered twice ({_REGISTRY[cls.name].__qualname__}, "
+                         f"{cls.__qualname__})")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def registered_routers() -> dict[str, type]:
+    """The routers registered so far (importing `testbed.routers` registers the bundled ones)."""
+    return dict(_REGISTRY)
+
+
+def make_router(name: str, **knobs) -> Router:
+    """Build a registered router from its name and knob values (unknown knobs are an error)."""
+    table = registered_routers()
+    if name not in table:
+        raise KeyError(f"unknown router {name!r}; registered: {', '.join(sorted(table)) or 'none'}"
+                       + ("" if table else " (import testbed.routers to register the bundled ones)"))
+    cls = table[name]
+    allowed = {f.name for f in fields(cls.Knobs)}
+    unknown = set(knobs) - allowed
+    if unknown:
+        raise TypeError(f"router {name!r} has no knob(s) {sorted(unknown)}; its knobs: {sorted(allowed - {'name'})}")
+    return cls(cls.Knobs(**{**knobs, "name": name}))
