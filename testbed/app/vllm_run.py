@@ -38,7 +38,7 @@ def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None,
     from testbed.app.run import finish, prepare, resolve_model_spec
     from testbed.engine.models import build_model, checkpoint_folder
     from testbed.engine.prompts import PromptTokens
-    from testbed.vllm_backend.engine import EngineSettings, build_engine, check_model
+    from testbed.vllm_backend.engine import EngineSettings, build_engine, check_model, shutdown_engine
     from testbed.vllm_backend.recording import SchedulerLog
     from testbed.app.plugins import make_policy
     from testbed.core.kv import BlockManager
@@ -87,9 +87,12 @@ def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None,
                                    BlockManager(blocks, block_size, kc.enable_prefix_caching, 0), setup.limits, setup.cost,
                                    record_token_times=cfg.output.record_token_times)
             replay = PolicyReplay(engine, bridge, setup.requests, prompts, cfg.backend.horizon_s)
-        result = finish(cfg, setup, replay.run(stop), "vllm", t0)
-        if on_done is not None:
-            on_done(setup, replay)
+        try:
+            result = finish(cfg, setup, replay.run(stop), "vllm", t0)
+            if on_done is not None:
+                on_done(setup, replay)
+        finally:
+            shutdown_engine(engine)
     result.summary.update(block_size=block_size, vllm_version=version, vllm_scheduler=mode,
                           device=engine_device(), dtype=dtype)
     return result

@@ -8,6 +8,7 @@ downloaded: the model is a folder on disk and HF_HUB_OFFLINE is set.
 """
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -37,6 +38,9 @@ class EngineSettings:
 def build_engine(settings: EngineSettings, log: SchedulerLog, scheduler_cls=None):
     """A vLLM LLMEngine whose scheduler is `scheduler_cls` (default: the recording one, writing to `log`)."""
     require_vllm()
+    # an earlier in-process engine nobody holds any more is torn down now, not at some later GC pass:
+    # its teardown destroys vLLM's global process groups, which would break the engine built here
+    gc.collect()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm.engine.arg_utils import EngineArgs
@@ -56,6 +60,15 @@ def build_engine(settings: EngineSettings, log: SchedulerLog, scheduler_cls=None
                       scheduler_cls=scheduler_cls or scheduler_class(log), async_scheduling=False,
                       seed=settings.seed, disable_log_stats=True)
     return LLMEngine.from_engine_args(args)
+
+
+def shutdown_engine(engine) -> None:
+    """Tear an in-process engine down now. Its client's finalizer (`InprocClient`, vllm/v1/engine/
+    core_client.py L383) otherwise runs whenever the GC collects it, and `EngineCore.shutdown` then calls
+    `cleanup_dist_env_and_memory` (vllm/v1/engine/core.py L839), destroying the process-wide parallel
+    groups: if another engine was built in between, its next step fails ("pipeline model parallel group
+    is not initialized"). Idempotent: the finalizer runs once."""
+    engine.engine_core.shutdown()
 
 
 def check_model(head_dim: int, key: str) -> None:
