@@ -69,6 +69,10 @@ class KVConfig:
     memory_utilization: float = bounded(0.9, gt=0, le=1)  # fraction of device memory for weights + KV, as vLLM's gpu_memory_utilization
     activation_reserve_gb: float = bounded(1.0, ge=0)  # left for activations (the engine's CUDA graphs reserve their own)
     num_blocks: Optional[int] = bounded(None, ge=1)  # set to override the capacity derived from memory
+    # the KV cache's dtype, vLLM's --kv-cache-dtype (CacheDType in vllm/config/cache.py): auto (the model's
+    # dtype), bfloat16 (bf16), float16, fp8 (= fp8_e4m3; fp8_e5m2): bytes per cached token, hence KV blocks and
+    # the KV read of attention. conf/config.yaml hands it to the model spec (model.kv_cache_dtype). Simulator only
+    cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     # when a request's decode tokens enter the prefix cache: "scheduled" (vLLM: every full block,
     # when scheduled) or "finished" (SGLang's radix cache: prefilled tokens after their chunk, decode

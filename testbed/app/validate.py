@@ -27,6 +27,7 @@ from testbed.app.config import BackendConfig, TestbedConfig
 from testbed.app.frontend import FrontendConfig
 from testbed.app.plugins import load_policies, load_routers
 from testbed.core.bounds import bounds_of, range_problem
+from testbed.core.specs import kv_cache_dtype_name, weight_dtype_name
 
 
 VLLM_SCHEDULERS = ("native", "policy")
@@ -52,6 +53,7 @@ def check_config(cfg: DictConfig, backend: str | None = None) -> None:
         if "kv" in cfg and cfg.kv.get("offload_gb"):
             problems.append(f"kv.offload_gb={cfg.kv.offload_gb}: the simulator's only (the host KV tier is "
                             f"bookkeeping, backend={name} would copy no block to host): leave it at 0")
+    problems += dtype_problems(cfg, name)
     if name == "vllm" and cfg.backend.get("scheduler", "native") not in VLLM_SCHEDULERS:
         problems.append(f"backend.scheduler={cfg.backend.scheduler}: expected one of {', '.join(VLLM_SCHEDULERS)} "
                         "(native: vLLM's own scheduler; policy: the testbed's policy inside vLLM)")
@@ -123,6 +125,29 @@ def multi_gpu_set(cfg: DictConfig, backend: str) -> list[str]:
     return [f"parallel.{key}={node.get(key)}: backend={backend} runs a replica on one GPU; leave it at 1 "
             f"(the simulator models tensor / pipeline parallelism)"
             for key in ("tensor_parallel_size", "pipeline_parallel_size") if (node.get(key) or 1) != 1]
+
+
+def dtype_problems(cfg: DictConfig, backend: str | None) -> list[str]:
+    """Bad model.weight_dtype / kv.cache_dtype values; a model.kv_cache_dtype set apart from kv.cache_dtype;
+    and, for backend=engine or vllm, either one other than the model's dtype (the engine's torch layers hold
+    the model dtype's weights and KV, and the vLLM backend passes neither on)."""
+    model, kv = cfg.get("model") or {}, cfg.get("kv") or {}
+    dtype = model.get("dtype", "bfloat16")
+    out = []
+    for key, value, name in (("model.weight_dtype", model.get("weight_dtype"), weight_dtype_name),
+                             ("kv.cache_dtype", kv.get("cache_dtype", "auto"), kv_cache_dtype_name)):
+        try:
+            quantised = name(value, dtype) != dtype
+        except ValueError as e:
+            out.append(str(e))
+            continue
+        if quantised and backend in ("engine", "vllm"):
+            out.append(f"{key}={value}: the simulator's only (backend={backend} computes and caches in the model's "
+                       f"dtype, {dtype}): leave it at {'null' if key.startswith('model') else 'auto'}")
+    if model.get("kv_cache_dtype", "auto") != kv.get("cache_dtype", "auto"):
+        out.append(f"model.kv_cache_dtype={model.get('kv_cache_dtype')}: set kv.cache_dtype instead (the model "
+                   f"spec copies it)")
+    return out
 
 
 def _as_override(value: Any) -> str:

@@ -15,6 +15,43 @@ from testbed.core.bounds import bounded, check_ranges
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8": 1}
 
+# model.weight_dtype: the linear layers' weight format (vLLM quantises its LinearBase layers and the MoE
+# experts; embeddings, LM head, norms and the MoE router stay at model.dtype: get_quant_method in
+# vllm/model_executor/layers/quantization/fp8.py returns no method for them), and its bytes per weight
+# as (numerator, denominator). fp8: vLLM's --quantization fp8, one fp32 scale per tensor (or channel), not
+# counted. int4: AWQ (vllm/model_executor/layers/quantization/auto_awq.py: 4-bit qweight, per group of 128
+# input rows one params_dtype (fp16) scale and one packed 4-bit zero per output column), so
+# 0.5 + 2.5 / 128 = 133/256 byte per weight; GPTQ's act-order g_idx (4 bytes per input row) is left out.
+WEIGHT_DTYPES = {"bfloat16": (2, 1), "float16": (2, 1), "fp8": (1, 1), "int4": (133, 256)}
+WEIGHT_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16"}
+# kv.cache_dtype (vLLM's --kv-cache-dtype, CacheDType in vllm/config/cache.py: "auto" is the model's
+# dtype, fp8 = fp8_e4m3, fp8_e5m2 one byte too)
+KV_CACHE_DTYPES = {"bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+KV_CACHE_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def weight_dtype_name(value: Optional[str], model_dtype: str) -> str:
+    """The canonical weight format of `model.weight_dtype` (null or "auto": the model's dtype)."""
+    if value is None or value == "auto":
+        return model_dtype
+    name = WEIGHT_DTYPE_ALIASES.get(value, value)
+    if name not in WEIGHT_DTYPES:
+        raise ValueError(f"model.weight_dtype={value!r}: expected null, auto or one of "
+                         f"{sorted(WEIGHT_DTYPES) + sorted(WEIGHT_DTYPE_ALIASES)} (fp8: vLLM's --quantization fp8; "
+                         f"int4: AWQ/GPTQ weight-only, group 128)")
+    return name
+
+
+def kv_cache_dtype_name(value: Optional[str], model_dtype: str) -> str:
+    """The canonical KV-cache dtype of `kv.cache_dtype` ("auto": the model's dtype)."""
+    if value is None or value == "auto":
+        return model_dtype
+    name = KV_CACHE_DTYPE_ALIASES.get(value, value)
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv.cache_dtype={value!r}: expected auto or one of "
+                         f"{sorted(KV_CACHE_DTYPES) + sorted(KV_CACHE_DTYPE_ALIASES)} (vLLM's --kv-cache-dtype)")
+    return name
+
 
 @dataclass
 class ModelSpec:
@@ -46,8 +83,16 @@ class ModelSpec:
     # a local Hugging Face config.json (file or folder; nothing is downloaded): its shapes replace the
     # ones above (testbed.core.specs.apply_config_json, via testbed.app.run.resolve_model_spec)
     config_json: Optional[str] = None
+    # the linear layers' (and MoE experts') weight format, vLLM's --quantization: null or auto (`dtype`),
+    # bfloat16 (bf16), float16, fp8 (W8A8 on GPUs with fp8 tensor cores, else weight-only Marlin), int4
+    # (AWQ/GPTQ weight-only, group 128 with fp16 scales). Embeddings, LM head, norms and router stay at `dtype`
+    weight_dtype: Optional[str] = None
+    # the KV cache's dtype: set kv.cache_dtype, which conf/config.yaml copies here (auto: `dtype`)
+    kv_cache_dtype: Optional[str] = "auto"
 
     def __post_init__(self) -> None:
+        weight_dtype_name(self.weight_dtype, self.dtype)  # a bad value fails here, naming its key
+        kv_cache_dtype_name(self.kv_cache_dtype, self.dtype)
         if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"model.num_experts_per_tok={self.num_experts_per_tok}: a model with "
                              f"num_experts={self.num_experts} routes each token to 1 to {self.num_experts} experts")
@@ -62,6 +107,32 @@ class ModelSpec:
             return DTYPE_BYTES[self.dtype]
         except KeyError:
             raise ValueError(f"model.dtype={self.dtype!r}: expected one of {sorted(DTYPE_BYTES)}") from None
+
+    @property
+    def weight_format(self) -> str:
+        """The linear layers' weight format: `weight_dtype` resolved (bfloat16, float16, fp8, int4, ...)."""
+        return weight_dtype_name(self.weight_dtype, self.dtype)
+
+    @property
+    def kv_cache_format(self) -> str:
+        """The KV cache's dtype: kv.cache_dtype resolved (auto: the model's dtype)."""
+        return kv_cache_dtype_name(self.kv_cache_dtype, self.dtype)
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes of one K or V element in the cache."""
+        return KV_CACHE_DTYPES.get(self.kv_cache_format) or self.dtype_bytes
+
+    def linear_weight_bytes(self, params: int) -> int:
+        """Bytes of `params` weights of the linear layers at `weight_format` (int4: with its group scales)."""
+        num, den = WEIGHT_DTYPES.get(self.weight_format) or (self.dtype_bytes, 1)
+        return -(-params * num // den)
+
+    @property
+    def layer_unquantised_params(self) -> int:
+        """One layer's weights that quantisation leaves at `dtype`: the two norms, and the MoE router
+        (vLLM builds the gate as a ReplicatedLinear with quant_config=None, e.g. models/mixtral.py)."""
+        return 2 * self.hidden_size + (self.router_params if self.is_moe else 0)
 
     # --- parameters, whole model (one GPU) -------------------------------------------------------
 
@@ -121,12 +192,14 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
+        """Every weight: the linear layers at `weight_format`, the rest at `dtype`."""
+        linear = self.num_layers * (self.layer_params - self.layer_unquantised_params)
+        return self.linear_weight_bytes(linear) + (self.num_params - linear) * self.dtype_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V of every layer for one token."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """K and V of every layer for one token (at the KV-cache dtype)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
     # --- one GPU's share under tensor / pipeline parallelism --------------------------------------
 
@@ -201,13 +274,21 @@ class ModelSpec:
             stages.append(params)
         return stages
 
+    def stage_weight_bytes_per_gpu(self, parallel: "ParallelSpec") -> list[int]:
+        """Weight bytes on one GPU of each pipeline stage: its layers' linear weights at `weight_format`,
+        the rest (norms, router, embedding, LM head) at `dtype`."""
+        linear_per_layer = self.layer_params_per_gpu(parallel.tensor_parallel_size) - self.layer_unquantised_params
+        return [self.linear_weight_bytes(n * linear_per_layer) + (params - n * linear_per_layer) * self.dtype_bytes
+                for params, n in zip(self.stage_params_per_gpu(parallel),
+                                     self.stage_layers(parallel.pipeline_parallel_size))]
+
     def weight_bytes_per_gpu(self, parallel: "ParallelSpec") -> int:
         """The weights on the most loaded GPU of one replica (TP=PP=1: `weight_bytes`)."""
-        return max(self.stage_params_per_gpu(parallel)) * self.dtype_bytes
+        return max(self.stage_weight_bytes_per_gpu(parallel))
 
     def stage_kv_bytes_per_token(self, parallel: "ParallelSpec") -> list[int]:
         """K and V of one token on one GPU of each pipeline stage: its layers, its share of the KV heads."""
-        per_layer = 2 * self.kv_heads_per_gpu(parallel.tensor_parallel_size) * self.head_dim * self.dtype_bytes
+        per_layer = 2 * self.kv_heads_per_gpu(parallel.tensor_parallel_size) * self.head_dim * self.kv_dtype_bytes
         return [n * per_layer for n in self.stage_layers(parallel.pipeline_parallel_size)]
 
     def kv_bytes_per_token_per_gpu(self, parallel: "ParallelSpec") -> int:
@@ -280,7 +361,8 @@ def apply_config_json(spec: ModelSpec, keep_name: bool = False) -> ModelSpec:
         return spec
     read = ModelSpec.from_hf_config(spec.config_json, name=spec.name if keep_name else None)
     return replace(read, config_json=spec.config_json, checkpoint=spec.checkpoint,
-                   random_weights=spec.random_weights)
+                   random_weights=spec.random_weights, weight_dtype=spec.weight_dtype,
+                   kv_cache_dtype=spec.kv_cache_dtype)
 
 
 @dataclass
@@ -312,6 +394,11 @@ class HardwareSpec:
 
     name: str = "h100-sxm"
     matmul_flops: float = bounded(769e12, gt=0)  # bf16 FLOP/s, large matmul, measured
+    # fp8 tensor-core FLOP/s on the same footing as matmul_flops (the presets: the datasheet's dense fp8 figure
+    # x the measured/datasheet ratio of bf16); null: no fp8 tensor cores (A100), so fp8 weights are weight-only
+    # there (vLLM's MarlinFP8ScaledMMLinearKernel, vllm/model_executor/kernels/linear/scaled_mm/marlin.py) and
+    # their GEMMs run at the bf16 rate
+    fp8_flops: Optional[float] = bounded(None, gt=0)
     mem_bandwidth: float = bounded(2.98e12, gt=0)  # bytes/s, device copy, measured
     memory_bytes: float = bounded(80e9, gt=0)
     compute_efficiency: float = bounded(0.72, gt=0, le=1)
@@ -346,10 +433,9 @@ def kv_capacity_blocks(model: ModelSpec, hw: HardwareSpec, block_size: int, memo
         raise ValueError(f"kv.memory_utilization={memory_utilization}: must be in (0, 1]")
     parallel = parallel or ParallelSpec()
     model.check_parallel(parallel)
-    per_gpu = zip(model.stage_params_per_gpu(parallel), model.stage_kv_bytes_per_token(parallel))
+    per_gpu = zip(model.stage_weight_bytes_per_gpu(parallel), model.stage_kv_bytes_per_token(parallel))
     blocks, tightest = None, None
-    for params, kv_per_token in per_gpu:
-        weights = params * model.dtype_bytes
+    for weights, kv_per_token in per_gpu:
         free = hw.memory_bytes * memory_utilization - weights - activation_reserve_bytes
         n = int(free // (block_size * kv_per_token))
         if blocks is None or n < blocks:

@@ -19,6 +19,14 @@ the LM head GEMM over the sequences' last tokens (m = sequences, n = vocab / t) 
 Pipeline parallelism (p stages): the slowest stage, ceil(layers / p) layers, plus p - 1 hand-offs
 of tokens x hidden activations over the interconnect.
 
+Quantisation: the layers' GEMMs (not the router or the LM head, which vLLM leaves unquantised)
+read the tables' fp8 rows for model.weight_dtype=fp8 on a GPU with fp8 tensor cores
+(`HardwareSpec.fp8_flops`); int4, and fp8 without fp8 tensor cores, are weight-only (Marlin),
+which the tables lack: the bf16 latency scaled by the roofline ratio of the bytes read
+(`KernelDB.weight_only_gemm_over_m`). MoE experts read the tables' fp8 / int4_wo rows. An fp8
+KV cache (kv.cache_dtype) reads the attention tables' fp8-KV rows. A table without the rows
+fails at construction, naming the key, GPU, framework, op and dtype.
+
 Attention from the batch's sums (BatchShape keeps no per-sequence lengths): the prefill chunks are
 priced as num_prefill_seqs chunks of one length L, chosen so that their causal query-key pairs
 b L (L + 1) / 2 equal the batch's (a chunk at an offset counts its pairs over the cached prefix
@@ -78,6 +86,8 @@ class KernelCostModel:
         self.handoff_per_token = (p - 1) * m.hidden_size * m.dtype_bytes / hardware.interconnect_bandwidth
         self.handoff_fixed = (p - 1) * hardware.interconnect_latency_s
         self.swap_per_block = block_size * m.kv_bytes_per_token_per_gpu(parallel) / hardware.host_link_bandwidth
+        self.kv_dtype = "fp8" if model.kv_dtype_bytes == 1 else "bfloat16"  # the tables' kv_cache_dtype
+        self._weights = _weight_kernels(model, hardware)
         self._check_attention()
         ms = np.arange(1, max_tokens + 1, dtype=float)
         # index n: n tokens (index 0 unused)
@@ -92,6 +102,19 @@ class KernelCostModel:
     def _gemm(self, n: int, k: int, ms: np.ndarray) -> np.ndarray:
         return self.db.gemm_over_m(n, k, ms)
 
+    def _linear(self, n: int, k: int, ms: np.ndarray) -> np.ndarray:
+        """A layer's GEMM at the weight dtype (`_gemm`: an unquantised one, the router and LM head)."""
+        table, weight_only_bytes = self._weights
+        if weight_only_bytes is not None:
+            return self.db.weight_only_gemm_over_m(n, k, ms, weight_only_bytes, self.hw.matmul_flops,
+                                                   self.hw.mem_bandwidth)
+        if table == "bfloat16":
+            return self._gemm(n, k, ms)
+        try:
+            return self.db.gemm_over_m(n, k, ms, table)
+        except KernelDBError as e:
+            raise KernelDBError(f"model.weight_dtype={self.model.weight_dtype}: {e}") from None
+
     def _allreduce(self, ms: np.ndarray) -> np.ndarray:
         t = self.parallel.tensor_parallel_size
         if t == 1:
@@ -102,18 +125,18 @@ class KernelCostModel:
         """One layer's token-count-only kernels (all but attention) for each token count in `ms`."""
         m, t = self.model, self.parallel.tensor_parallel_size
         h, d = m.hidden_size, m.head_dim
-        cost = self._gemm((self.heads + 2 * self.kv_heads) * d, h, ms) + self._gemm(h, self.heads * d, ms)
+        cost = self._linear((self.heads + 2 * self.kv_heads) * d, h, ms) + self._linear(h, self.heads * d, ms)
         if m.is_moe:
             inter = m.moe_intermediate_size or m.intermediate_size
             cost = cost + self._gemm(m.num_experts, h, ms)  # router (replicated on every GPU)
             cost = cost + self.db.moe_over_tokens(ms, h, inter, m.num_experts_per_tok, m.num_experts, t,
-                                                  self.hw.matmul_flops, self.hw.mem_bandwidth)
+                                                  self.hw.matmul_flops, self.hw.mem_bandwidth, self._moe_dtype())
             if m.shared_expert_intermediate_size:
                 si = -(-m.shared_expert_intermediate_size // t)
-                cost = cost + self._gemm(2 * si, h, ms) + self._gemm(h, si, ms)
+                cost = cost + self._linear(2 * si, h, ms) + self._linear(h, si, ms)
         else:
             inter = -(-m.intermediate_size // t)
-            cost = cost + self._gemm(2 * inter, h, ms) + self._gemm(h, inter, ms)
+            cost = cost + self._linear(2 * inter, h, ms) + self._linear(h, inter, ms)
         return cost + 2 * self._allreduce(ms)
 
     def _step_token_costs(self, ms: np.ndarray) -> np.ndarray:
@@ -124,11 +147,27 @@ class KernelCostModel:
         t = self.parallel.tensor_parallel_size
         return self._gemm(-(-self.model.vocab_size // t), self.model.hidden_size, seqs)
 
+    def _moe_dtype(self) -> str:
+        """The MoE tables' moe_dtype for the weight dtype (the experts are quantised as the linear layers)."""
+        table, weight_only_bytes = self._weights
+        if weight_only_bytes is None:
+            return table
+        if self.model.weight_format == "int4":
+            return "int4_wo"
+        raise KernelDBError(f"model.weight_dtype={self.model.weight_dtype}: {self.hw.name} has no fp8 tensor cores "
+                            f"(hardware.fp8_flops is null) and the kernel tables measure no weight-only fp8 MoE "
+                            f"kernel; use cost_model=roofline")
+
     def _check_attention(self) -> None:
-        """Fail at construction, not mid-run, on a head_dim the tables lack."""
+        """Fail at construction, not mid-run, on a head_dim (or KV dtype) the tables lack."""
         d = self.model.head_dim
-        self.db.attention_grid("context", self.heads, self.kv_heads, d)
-        self.db.attention_grid("generation", self.heads, self.kv_heads, d)
+        try:
+            self.db.attention_grid("context", self.heads, self.kv_heads, d, self.kv_dtype)
+            self.db.attention_grid("generation", self.heads, self.kv_heads, d, self.kv_dtype)
+        except KernelDBError as e:
+            if self.kv_dtype == "bfloat16":
+                raise
+            raise KernelDBError(f"kv.cache_dtype={self.model.kv_cache_dtype}: {e}") from None
 
     def _beyond(self, tokens: int) -> tuple[float, float]:
         hit = self._big_memo.get(tokens)
@@ -145,7 +184,7 @@ class KernelCostModel:
         hit = self._ctx_memo.get(key)
         if hit is None:
             hit = self._ctx_memo[key] = self.db.context_attention(seqs, key[1], self.heads, self.kv_heads,
-                                                                  self.model.head_dim)
+                                                                  self.model.head_dim, self.kv_dtype)
         return hit
 
     def generation_attention(self, seqs: int, kv_tokens: int) -> float:
@@ -153,7 +192,7 @@ class KernelCostModel:
         hit = self._gen_memo.get(key)
         if hit is None:
             hit = self._gen_memo[key] = self.db.generation_attention(seqs, key[1], self.heads, self.kv_heads,
-                                                                     self.model.head_dim)
+                                                                     self.model.head_dim, self.kv_dtype)
         return hit
 
     # ------------------------------------------------------------ the step
@@ -176,3 +215,18 @@ class KernelCostModel:
         kernels = self.layers_per_stage * layer + ends
         return (self.kernel_scale * kernels + self.handoff_per_token * tokens + self.handoff_fixed
                 + self.step_overhead + self.seq_overhead * seqs + swap)
+
+
+def _weight_kernels(model: ModelSpec, hardware: HardwareSpec) -> tuple[str, float | None]:
+    """(the GEMM tables' gemm_dtype, None) for weights the tables measure: bf16, or fp8 (W8A8) on a GPU
+    with fp8 tensor cores; ("bfloat16", bytes per weight) for weight-only ones (int4, fp8 without fp8
+    tensor cores), priced from the bf16 rows."""
+    from testbed.core.specs import WEIGHT_DTYPES
+
+    fmt = model.weight_format
+    if fmt in ("bfloat16", "float16"):
+        return "bfloat16", None
+    if fmt == "fp8" and hardware.fp8_flops is not None:
+        return "fp8", None
+    num, den = WEIGHT_DTYPES[fmt]
+    return "bfloat16", num / den

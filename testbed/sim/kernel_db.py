@@ -48,9 +48,18 @@ INSTALL_HINT = ("cost_model=kernels needs measured kernel tables: pip install 'l
 
 # per framework: which measured kernel each op uses, in order of preference (the one the framework runs for
 # an unquantised bf16 model first); a table holding a single kernel source for the op uses that one
+# an op's quantised rows (`<op>_<dtype>`, e.g. gemm_fp8, attention_fp8 for an fp8 KV cache, moe_int4_wo) have
+# their own preferences where the kernel differs (vLLM: cutlass scaled_mm for per-tensor fp8 GEMMs, FlashInfer for
+# fp8 KV on GPUs without FA3, Marlin for int4 experts); an op without them uses the op's own
 FRAMEWORKS = {
     "vllm": dict(gemm=("torch.nn.functional.linear",), attention=("vllm_flash_attn_fa3",),
-                 moe=("vllm_unquantizedfusedmoe_triton_tritonexperts",), allreduce_backend="vllm_graph"),
+                 moe=("vllm_unquantizedfusedmoe_triton_tritonexperts",), allreduce_backend="vllm_graph",
+                 gemm_fp8=("CutlassFP8ScaledMMLinearKernel",),
+                 attention_fp8=("vllm_flash_attn_fa3", "vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode",
+                                "vllm_flashinfer_fiprefill", "vllm_flashinfer_fidecode", "vllm_flashinfer"),
+                 moe_fp8=("vllm_modeloptfp8moe_flashinfer_cutlass_flashinferexperts",
+                          "vllm_modeloptfp8moe_triton_tritonexperts", "vllm_fused_moe"),
+                 moe_int4_wo=("vllm_compressedtensorswna16marlinmoe_marlin_marlinexperts", "vllm_marlin_int4_moe")),
     "sglang": dict(gemm=("sglang_torch_linear", "sglang"), attention=("fa3", "triton"),
                    moe=("sglang_fused_moe_triton",), allreduce_backend="sglang_graph"),
     "trtllm": dict(gemm=("torch_flow",), attention=("torch_flow",), moe=("moe_torch_flow_cutlass", "moe_torch_flow"),
@@ -263,11 +272,18 @@ class KernelDB:
         raise KernelDBError(f"{self.gpu} {self.framework} has no {op} table of version "
                             f"{self.requested_version!r}; versions: {', '.join(present)}")
 
-    def _read(self, op: str, columns: list[str], filters: list[tuple], source: Optional[str] = None):
+    def _source(self, op_source: str, dtype: str) -> str:
+        """The preference list for an op's rows of `dtype` (its own when the framework names one)."""
+        key = f"{op_source}_{dtype}"
+        return key if dtype != "bfloat16" and key in self.sources else op_source
+
+    def _read(self, op: str, columns: list[str], filters: list[tuple], source: Optional[str] = None,
+              key: Optional[str] = None):
         """Rows of the newest table version that has them: only `columns` (and latency), only rows matching
         `filters` (a filter on a column an older table lacks is dropped: e.g. no window_size means no
         sliding window) and, with `source`, of the op's preferred kernel source: the newest version
-        measuring one of the preferred sources, else the newest whose rows come from a single source."""
+        measuring one of the preferred sources, else the newest whose rows come from a single source.
+        `key`: the name `versions` and `sources_used` record it under (default: `op`)."""
         import pandas as pd
         import pyarrow.parquet as pq
 
@@ -291,12 +307,12 @@ class KernelDB:
                 raise KernelDBError(f"{self.gpu} {self.framework} {op}: no usable table ({'; '.join(why)})")
             (path, names, use, _), pick = chosen
             use = use + [("kernel_source", "==", pick)]
-            self.sources_used[op] = pick
+            self.sources_used[key or op] = pick
         elif tables:
             path, names, use, _ = tables[0]
         else:
             raise KernelDBError(f"{self.gpu} {self.framework} {op}: no usable table ({'; '.join(why)})")
-        self.versions[op] = path.parent.name
+        self.versions[key or op] = path.parent.name
         return pd.read_parquet(path, columns=[c for c in columns if c in names] + ["latency"], filters=use or None)
 
     def _path(self, op: str) -> Path:
@@ -308,31 +324,42 @@ class KernelDB:
     # ---------------------------------------------------------------- tables
     @functools.cached_property
     def gemm_grid(self) -> LogGrid:
-        df = self._read("gemm", ["m", "n", "k"], [("gemm_dtype", "==", "bfloat16")], source="gemm")
+        return self.gemm_grid_of("bfloat16")
+
+    @functools.lru_cache(maxsize=None)
+    def gemm_grid_of(self, dtype: str) -> LogGrid:
+        """GEMM latency over (m, n, k) for the tables' gemm_dtype `dtype` (bfloat16; fp8: W8A8 with
+        per-tensor scales, vLLM's Fp8LinearMethod on GPUs with fp8 tensor cores)."""
+        df = self._read("gemm", ["m", "n", "k"], [("gemm_dtype", "==", dtype)], source=self._source("gemm", dtype),
+                        key="gemm" if dtype == "bfloat16" else f"gemm {dtype}")
         df = df.groupby(["m", "n", "k"], as_index=False).latency.median()
         return LogGrid.from_rows([df.m.values, df.n.values, df.k.values], df.latency.values * 1e-3, up=(1, 1, 1))
 
-    def _attention_rows(self, op: str):
+    @functools.lru_cache(maxsize=None)
+    def _attention_rows(self, op: str, kv_dtype: str = "bfloat16"):
         cols = ["batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim"]
-        return self._read(op, cols, [("kv_cache_dtype", "==", "bfloat16"), ("window_size", "==", 0)],
-                          source="attention")
+        return self._read(op, cols, [("kv_cache_dtype", "==", kv_dtype), ("window_size", "==", 0)],
+                          source=self._source("attention", kv_dtype),
+                          key=op if kv_dtype == "bfloat16" else f"{op} {kv_dtype}")
 
-    @functools.cached_property
+    @property
     def _context_rows(self):
-        return self._attention_rows("context_attention")
+        return self._attention_rows("context_attention", "bfloat16")
 
-    @functools.cached_property
+    @property
     def _generation_rows(self):
-        return self._attention_rows("generation_attention")
+        return self._attention_rows("generation_attention", "bfloat16")
 
     @functools.lru_cache(maxsize=None)
-    def attention_grid(self, phase: str, heads: int, kv_heads: int, head_dim: int) -> tuple[LogGrid, HeadsMatch]:
+    def attention_grid(self, phase: str, heads: int, kv_heads: int, head_dim: int,
+                       kv_dtype: str = "bfloat16") -> tuple[LogGrid, HeadsMatch]:
         """Context ("context": batch x prompt length, no cached prefix) or decode ("generation": batch
         x KV length) attention at these per-GPU heads. The decode table's `step` is the tokens
         already generated after a 1-token prompt (isl=1), so a row attends over isl + step KV tokens;
         aiconfigurator's engine keys the same rows by that sum (its table view of
-        generation_attention_perf lists 2, 4, ..., 131072 for steps 1, 3, ..., 131071)."""
-        df = self._context_rows if phase == "context" else self._generation_rows
+        generation_attention_perf lists 2, 4, ..., 131072 for steps 1, 3, ..., 131071).
+        `kv_dtype`: the tables' kv_cache_dtype (bfloat16, fp8), bf16 queries either way."""
+        df = self._attention_rows("context_attention" if phase == "context" else "generation_attention", kv_dtype)
         hd = df[df.head_dim == head_dim]
         if hd.empty:
             raise KernelDBError(f"{phase} attention: head_dim={head_dim} was not measured on {self.gpu} "
@@ -346,17 +373,23 @@ class KernelDB:
                                  up=(1, 2 if phase == "context" else 1))
         return grid, match
 
-    @functools.cached_property
+    @property
     def _moe_rows(self):
-        return self._read("moe", ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size"],
-                          [("moe_dtype", "==", "bfloat16"), ("distribution", "==", "balanced"), ("moe_ep_size", "==", 1)],
-                          source="moe")
+        return self._moe_rows_of("bfloat16")
 
     @functools.lru_cache(maxsize=None)
-    def moe_grid(self, hidden: int, inter: int, topk: int, experts: int, tp: int) -> tuple[LogGrid, tuple]:
+    def _moe_rows_of(self, dtype: str):
+        return self._read("moe", ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size"],
+                          [("moe_dtype", "==", dtype), ("distribution", "==", "balanced"), ("moe_ep_size", "==", 1)],
+                          source=self._source("moe", dtype), key="moe" if dtype == "bfloat16" else f"moe {dtype}")
+
+    @functools.lru_cache(maxsize=None)
+    def moe_grid(self, hidden: int, inter: int, topk: int, experts: int, tp: int,
+                 dtype: str = "bfloat16") -> tuple[LogGrid, tuple]:
         """The fused-MoE latency over tokens at the closest measured (hidden, inter, topk, experts,
-        tp) (exact when measured; the caller scales a stand-in's latency by the work ratio)."""
-        df = self._moe_rows
+        tp) (exact when measured; the caller scales a stand-in's latency by the work ratio), for the
+        tables' moe_dtype `dtype` (bfloat16, fp8, int4_wo)."""
+        df = self._moe_rows_of(dtype)
         configs = df[["hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size"]].drop_duplicates()
         want = np.log([hidden, inter / tp, topk, experts])
         have = np.log(np.column_stack([configs.hidden_size, configs.inter_size / configs.moe_tp_size,
@@ -408,23 +441,44 @@ class KernelDB:
     def gemm(self, m: float, n: float, k: float) -> float:
         return self.gemm_grid(m, n, k)
 
-    def gemm_over_m(self, n: int, k: int, ms: np.ndarray) -> np.ndarray:
-        return self.gemm_grid.curve(0, (n, k), ms)
+    def gemm_over_m(self, n: int, k: int, ms: np.ndarray, dtype: str = "bfloat16") -> np.ndarray:
+        grid = self.gemm_grid if dtype == "bfloat16" else self.gemm_grid_of(dtype)
+        return grid.curve(0, (n, k), ms)
 
-    def context_attention(self, batch: float, length: float, heads: int, kv_heads: int, head_dim: int) -> float:
-        grid, match = self.attention_grid("context", heads, kv_heads, head_dim)
+    def weight_only_gemm_over_m(self, n: int, k: int, ms: np.ndarray, bytes_per_weight: float, flops: float,
+                                bandwidth: float) -> np.ndarray:
+        """A weight-only quantised GEMM (int4 AWQ/GPTQ, or fp8 on a GPU without fp8 tensor cores: vLLM's
+        Marlin kernels dequantise the weights to bf16 in the kernel), which the vLLM tables do not
+        measure (aiconfigurator-core's sdk likewise maps int4_wo to bf16 compute, GEMMQuantMode in
+        sdk/common.py): the bf16 latency scaled by the ratio of the two GEMMs' roofline times (2 m n k
+        FLOPs at `flops`; the weights at `bytes_per_weight` vs 2 plus bf16 activations in and out, at
+        `bandwidth`), so a small-m GEMM gains the weight bytes saved and a large-m one nothing; never
+        below the bf16 table's smallest latency (its launch floor)."""
+        ms = np.asarray(ms, dtype=float)
+        bf16 = self.gemm_grid.curve(0, (n, k), ms)
+        compute = 2.0 * ms * n * k / flops
+        activations = 2.0 * (ms * k + ms * n)
+        ratio = (np.maximum(compute, (n * k * bytes_per_weight + activations) / bandwidth)
+                 / np.maximum(compute, (2.0 * n * k + activations) / bandwidth))
+        floor = float(np.exp(self.gemm_grid.logv.min()))
+        return np.maximum(bf16 * ratio, np.minimum(bf16, floor))
+
+    def context_attention(self, batch: float, length: float, heads: int, kv_heads: int, head_dim: int,
+                          kv_dtype: str = "bfloat16") -> float:
+        grid, match = self.attention_grid("context", heads, kv_heads, head_dim, kv_dtype)
         return grid(batch * match.batch_factor, length)
 
-    def generation_attention(self, batch: float, kv_len: float, heads: int, kv_heads: int, head_dim: int) -> float:
-        grid, match = self.attention_grid("generation", heads, kv_heads, head_dim)
+    def generation_attention(self, batch: float, kv_len: float, heads: int, kv_heads: int, head_dim: int,
+                             kv_dtype: str = "bfloat16") -> float:
+        grid, match = self.attention_grid("generation", heads, kv_heads, head_dim, kv_dtype)
         return grid(batch * match.batch_factor, kv_len)
 
     def moe_over_tokens(self, tokens: np.ndarray, hidden: int, inter: int, topk: int, experts: int, tp: int,
-                        flops: float, bandwidth: float) -> np.ndarray:
+                        flops: float, bandwidth: float, dtype: str = "bfloat16") -> np.ndarray:
         """Fused MoE (routed experts, tokens spread evenly) for every token count in `tokens`. A
         stand-in configuration's latency is scaled by the ratio of the two configurations' roofline
         times at each token count (FLOPs of the routed tokens vs bytes of the experts they touch)."""
-        grid, best = self.moe_grid(hidden, inter, topk, experts, tp)
+        grid, best = self.moe_grid(hidden, inter, topk, experts, tp, dtype)
         t = grid.curve(0, (), np.asarray(tokens, dtype=float))
         if best != (hidden, inter, topk, experts, tp):
             t = t * _moe_roofline(tokens, hidden, inter / tp, topk, experts, flops, bandwidth) \

@@ -12,7 +12,7 @@ from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
 class _Stage:
     """What one GPU of one pipeline stage computes and reads per step (tensor-parallel share)."""
 
-    linear_flops_per_token: int  # 2 FLOPs per active weight (MoE: the token's top-k experts)
+    linear_flops_per_token: float  # 2 FLOPs per active weight (MoE: the token's top-k experts), at the bf16 rate
     lm_head_flops_per_seq: int  # last stage only
     attn_flops_per_pair: int
     dense_weight_bytes: int  # weights every step reads whole (MoE: all but the routed experts)
@@ -42,6 +42,13 @@ class RooflineCostModel:
     attention, the shared expert and the router, plus the experts the step's tokens touch: under
     uniform routing T tokens hit E (1 - (1 - k/E)^T) distinct experts of E (a batch-1 decode
     reads only its top-k, a long prefill all E).
+
+    Quantisation (`ModelSpec.weight_format`, `kv_dtype_bytes`): the linear layers' weights are read
+    at the weight dtype (int4 with its group scales; embeddings, LM head, norms and router at the
+    model's dtype), the KV at the KV-cache dtype. fp8 weights on a GPU with fp8 tensor cores
+    (`HardwareSpec.fp8_flops`) are W8A8 GEMMs at the fp8 rate (vLLM's cutlass scaled_mm); elsewhere,
+    and for int4, they are weight-only (Marlin dequantises to bf16) at the bf16 rate. Attention
+    computes at the bf16 rate whatever the KV dtype.
     """
 
     name = "roofline"
@@ -54,7 +61,10 @@ class RooflineCostModel:
         model.check_parallel(parallel)
         self.model, self.hw, self.parallel = model, hardware, parallel
         m, tp, pp = model, parallel.tensor_parallel_size, parallel.pipeline_parallel_size
-        self._stages = [self._stage(m, tp, layers, last=i == pp - 1)
+        # fp8 GEMMs at the fp8 peak: their FLOPs counted in bf16-rate units (1: no fp8 compute)
+        fp8 = m.weight_format == "fp8" and hardware.fp8_flops is not None
+        gemm_speedup = hardware.fp8_flops / hardware.matmul_flops if fp8 else 1
+        self._stages = [self._stage(m, tp, layers, last=i == pp - 1, gemm_speedup=gemm_speedup)
                         for i, layers in enumerate(m.stage_layers(pp))]
         self._moe = (m.num_experts, m.num_experts_per_tok / m.num_experts) if m.is_moe else None
         self._tp_factor = 2 * (tp - 1) / tp if tp > 1 else 0.0
@@ -72,20 +82,23 @@ class RooflineCostModel:
                                       / hardware.host_link_bandwidth)
 
     @staticmethod
-    def _stage(m: ModelSpec, tp: int, layers: int, last: bool) -> _Stage:
+    def _stage(m: ModelSpec, tp: int, layers: int, last: bool, gemm_speedup: float = 1) -> _Stage:
         final_norm = m.hidden_size if last else 0
         # the LM head is read (a tied one is the embedding, left out as the single-GPU model always did)
         lm_head = m.embedding_params_per_gpu(tp) if last and not m.tie_word_embeddings else 0
         active = layers * m.layer_params_per_gpu(tp, active=True) + final_norm
         whole = layers * m.layer_params_per_gpu(tp) + final_norm + lm_head
         expert = layers * m.expert_params_per_gpu(tp) if m.is_moe else 0
+        # the dense weights split into the quantised linear layers and the rest (norms, router, LM head)
+        unquantised = layers * m.layer_unquantised_params + final_norm + lm_head
+        dense_linear = whole - m.num_experts * expert - unquantised
         return _Stage(
-            linear_flops_per_token=2 * active,
+            linear_flops_per_token=2 * active if gemm_speedup == 1 else 2 * active / gemm_speedup,
             lm_head_flops_per_seq=2 * m.embedding_params_per_gpu(tp) if last else 0,
             attn_flops_per_pair=4 * layers * (m.num_heads // tp) * m.head_dim,
-            dense_weight_bytes=(whole - m.num_experts * expert) * m.dtype_bytes,
-            expert_weight_bytes=expert * m.dtype_bytes,
-            kv_bytes_per_token=2 * layers * m.kv_heads_per_gpu(tp) * m.head_dim * m.dtype_bytes,
+            dense_weight_bytes=m.linear_weight_bytes(dense_linear) + unquantised * m.dtype_bytes,
+            expert_weight_bytes=m.linear_weight_bytes(expert),
+            kv_bytes_per_token=2 * layers * m.kv_heads_per_gpu(tp) * m.head_dim * m.kv_dtype_bytes,
             num_allreduces=2 * layers if tp > 1 else 0,
             allreduce_bytes_per_token=2 * layers * m.hidden_size * m.dtype_bytes if tp > 1 else 0,
         )
