@@ -193,3 +193,17 @@ def test_defaults_and_their_explicit_spelling_give_the_same_run():
     drop = {"wall_s"}
     assert {k: v for k, v in auto.items() if k not in drop} == {k: v for k, v in explicit.items() if k not in drop}
     assert fp8["kv_blocks"] in (2 * auto["kv_blocks"], 2 * auto["kv_blocks"] + 1)
+
+
+@pytest.mark.parametrize("quant, expect", [({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4"),
+                                           ({"quant_method": "gptq", "bits": 4}, "int4"),
+                                           ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8"),
+                                           ({"quant_method": "gptq", "bits": 8}, None), (None, None)])
+def test_a_quantised_checkpoint_config_sets_the_weight_dtype_unless_the_config_does(tmp_path, quant, expect):
+    import json
+
+    hf = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=4, num_attention_heads=16,
+              num_key_value_heads=4, vocab_size=32000, **({"quantization_config": quant} if quant else {}))
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    assert resolve_model_spec(config(f"model.config_json={tmp_path}").model).weight_dtype == expect
+    assert resolve_model_spec(config(f"model.config_json={tmp_path}", "model.weight_dtype=bf16").model).weight_dtype == "bf16"

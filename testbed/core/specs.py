@@ -327,6 +327,7 @@ class ModelSpec:
             d = str(cfg.get("torch_dtype") or cfg.get("dtype") or top.get("torch_dtype") or "bfloat16")
             dtype = d.removeprefix("torch.") if d.removeprefix("torch.") in DTYPE_BYTES else "bfloat16"
         tie = cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", False))
+        quant = top.get("quantization_config") or cfg.get("quantization_config") or {}
         rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta")
         return cls(
             name=name or cfg.get("_name_or_path") or top.get("_name_or_path") or file.parent.name,
@@ -346,7 +347,17 @@ class ModelSpec:
             num_experts_per_tok=cfg.get("num_experts_per_tok", 0) if experts else 0,
             moe_intermediate_size=moe_inter,
             shared_expert_intermediate_size=shared,
+            weight_dtype=_checkpoint_weight_dtype(quant),
         )
+
+
+def _checkpoint_weight_dtype(quant: dict) -> Optional[str]:
+    """A quantised checkpoint's weight format from its config.json `quantization_config`, as vLLM
+    reads `quant_method` (awq / gptq 4-bit: int4; fp8: fp8); None for anything else."""
+    method = str(quant.get("quant_method", "")).lower()
+    if method in ("awq", "gptq") and quant.get("bits", quant.get("w_bit")) == 4:
+        return "int4"
+    return "fp8" if method == "fp8" else None
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -356,12 +367,13 @@ def _ceil_div(a: int, b: int) -> int:
 def apply_config_json(spec: ModelSpec, keep_name: bool = False) -> ModelSpec:
     """`spec` itself, or, when its `config_json` is set, the shapes of that Hugging Face config.json
     (file or folder, nothing downloaded), named after the file (`_name_or_path`, else its folder)
-    unless `keep_name`; the engine fields (checkpoint, random_weights) are kept."""
+    unless `keep_name`; the engine fields (checkpoint, random_weights) and the dtypes are kept (the
+    weight dtype: the config's, else the checkpoint's `quantization_config`)."""
     if not spec.config_json:
         return spec
     read = ModelSpec.from_hf_config(spec.config_json, name=spec.name if keep_name else None)
     return replace(read, config_json=spec.config_json, checkpoint=spec.checkpoint,
-                   random_weights=spec.random_weights, weight_dtype=spec.weight_dtype,
+                   random_weights=spec.random_weights, weight_dtype=spec.weight_dtype or read.weight_dtype,
                    kv_cache_dtype=spec.kv_cache_dtype)
 
 
