@@ -39,7 +39,7 @@ import math
 import numpy as np
 
 from testbed.core.cost import BatchShape
-from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
+from testbed.core.specs import WEIGHT_DTYPES, HardwareSpec, ModelSpec, ParallelSpec
 from testbed.sim.kernel_db import KernelDB, KernelDBError
 
 
@@ -221,8 +221,6 @@ def _weight_kernels(model: ModelSpec, hardware: HardwareSpec) -> tuple[str, floa
     """(the GEMM tables' gemm_dtype, None) for weights the tables measure: bf16, or fp8 (W8A8) on a GPU
     with fp8 tensor cores; ("bfloat16", bytes per weight) for weight-only ones (int4, fp8 without fp8
     tensor cores), priced from the bf16 rows."""
-    from testbed.core.specs import WEIGHT_DTYPES
-
     fmt = model.weight_format
     if fmt in ("bfloat16", "float16"):
         return "bfloat16", None
