@@ -18,6 +18,7 @@ from testbed.app.frontend import FrontendConfig, to_engine_queue
 from testbed.app.metrics import SLO, request_table, summarize
 from testbed.app.validate import ConfigError, check_config
 from testbed.policies import make_policy
+from testbed.routers import make_router
 from testbed.sim.simulation import Simulation
 
 STEP_S = 0.01
@@ -28,7 +29,7 @@ def simulate_with(reqs, frontend: FrontendConfig, replicas: int = 1):
     engine_reqs, clock = to_engine_queue(reqs, frontend)
     cost = FixedCost(STEP_S)
     out = Simulation(engine_reqs, lambda: make_loop(make_policy("vllm"), num_blocks=1024, budget=4096, cost=cost),
-                     cost, replicas=replicas).run()
+                     cost, replicas=replicas, router=make_router("round_robin")).run()
     table = request_table([(i, s) for i, l in enumerate(out.loops) for s in l.states], out.not_arrived, clock=clock)
     itl = np.concatenate([np.asarray(l.itl) for l in out.loops])
     return table, summarize(table, itl, SLO(), response_tail_s=clock.tail_s)

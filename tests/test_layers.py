@@ -18,9 +18,10 @@ ALLOWED = {
     "sim": {"core", "sim"},
     "traces": {"core", "traces"},
     "policies": {"core", "policies"},
+    "routers": {"core", "routers"},
     "engine": {"core", "engine"},
     "vllm_backend": {"core", "vllm_backend"},
-    "app": {"core", "sim", "traces", "policies", "engine", "vllm_backend", "app"},
+    "app": {"core", "sim", "traces", "policies", "routers", "engine", "vllm_backend", "app"},
 }
 CORE_FORBIDDEN_THIRD_PARTY = {"hydra", "omegaconf", "simpy", "torch", "transformers", "pandas", "wandb"}
 

@@ -9,13 +9,14 @@ import pytest
 from conftest import FixedCost, make_loop, make_requests
 from testbed.app.metrics import SLO, request_table, summarize
 from testbed.policies import make_policy
+from testbed.routers import make_router
 from testbed.sim.simulation import Simulation
 
 
 def simulate(reqs, policy="vllm", replicas=1, horizon=None, cost=None, **loop_kw):
     cost = cost or FixedCost(0.01)
     sim = Simulation(reqs, lambda: make_loop(make_policy(policy), cost=cost, **loop_kw), cost,
-                     replicas=replicas, horizon_s=horizon)
+                     replicas=replicas, router=make_router("round_robin"), horizon_s=horizon)
     out = sim.run()
     states = [(i, s) for i, l in enumerate(out.loops) for s in l.states]
     table = request_table(states, out.not_arrived)
