@@ -226,6 +226,7 @@ class DisaggConfig:
     link: KVLinkConfig = field(default_factory=KVLinkConfig)
     # testbed-disagg-search: the replicas split between the pools (null: prefill.replicas + decode.replicas)
     search_total_replicas: Optional[int] = bounded(None, ge=2, le=1024)
+    search_rate_scales: list[float] = bounded(factory=list, gt=0)  # testbed-disagg-search: also run these loads
 
 
 @dataclass

@@ -4,7 +4,7 @@ Each pool is the run's replica with the `disagg.<pool>` overrides applied to a c
 (hardware preset, tensor parallelism, policy, scheduler limits, KV blocks), so `prepare` builds its
 cost model, KV capacity and policy exactly as it builds a co-located replica's. The results have the
 same columns and summary keys as any run, plus the handoff's: per request the prefill and decode
-replica and the time spent waiting for decode KV space (`kv_wait_ms`), for the link
+replica, when its prefill ended (`prefilled_s`, engine time) and the time spent waiting for decode KV space (`kv_wait_ms`), for the link
 (`kv_link_wait_ms`) and in the transfer (`kv_transfer_ms`); per pool its size, GPUs and utilisation
 (the share of the run each replica spent in steps, averaged over the pool).
 """
@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from testbed.app.frontend import to_engine_queue
 from testbed.app.metrics import request_table, summarize
 from testbed.core.request import Request, RequestState, Status
-from testbed.core.specs import ModelSpec
+from testbed.core.specs import HardwareSpec, ModelSpec
 from testbed.sim.disaggregated import DisaggOutcome, DisaggSimulation, Handoff, Pool
 from testbed.sim.kv_link import KVLink, transfer_bytes_per_token
 
@@ -35,7 +35,7 @@ def hardware_preset(name: str) -> dict:
     path = folder / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
-        raise ValueError(f"no hardware preset {name!r}: expected one of {', '.join(known)}")
+        raise ValueError(f"hardware={name!r}: no such preset; expected one of {', '.join(known)}")
     node = OmegaConf.to_container(OmegaConf.load(str(path)))
     node.pop("defaults", None)
     return node
@@ -46,7 +46,7 @@ def pool_config(cfg: DictConfig, pool: str) -> DictConfig:
     node = cfg.disagg[pool]
     out = copy.deepcopy(cfg)
     if node.hardware is not None:
-        out.hardware = hardware_preset(node.hardware)
+        out.hardware = OmegaConf.structured(HardwareSpec(**hardware_preset(node.hardware)))
     if node.tensor_parallel_size is not None:
         out.parallel.tensor_parallel_size = node.tensor_parallel_size
     if node.policy is not None:
@@ -87,10 +87,10 @@ def simulate_disagg(cfg: DictConfig, stop: Callable[[], bool] | None = None, mod
     link = KVLink.from_config(cfg.disagg.link)
     model = model or resolve_model_spec(cfg.model)
     reqs, load_rejects = (requests, []) if requests is not None else build_requests(cfg.trace, cfg.seed)
-    cfgs = {name: pool_config(cfg, name) for name in POOLS}
-    setups = {}
+    cfgs, setups = {}, {}
     for name in POOLS:
         try:
+            cfgs[name] = pool_config(cfg, name)
             setups[name] = prepare(cfgs[name], model=model, requests=reqs)
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"disagg.{name}: {e.args[0] if e.args else e}") from None
@@ -150,9 +150,10 @@ def disagg_results(cfg: DictConfig, cfgs: dict, setups: dict, outcome: DisaggOut
     table = request_table(states, outcome.not_arrived, load_rejects,
                           "interrupted before it arrived" if outcome.interrupted else "arrives after the horizon",
                           clock)
-    extra = {h.req.id: (h.prefill_replica, h.decode_replica, _ms(h.prefilled_s, h.reserved_s),
-                        _ms(h.reserved_s, h.sending_s), _ms(h.sending_s, h.landed_s)) for h in outcome.handoffs}
-    for k, col in enumerate(("prefill_replica", "decode_replica", "kv_wait_ms", "kv_link_wait_ms",
+    extra = {h.req.id: (h.prefill_replica, h.decode_replica, h.prefilled_s if h.prefilled_s >= 0 else math.nan,
+                        _ms(h.prefilled_s, h.reserved_s), _ms(h.reserved_s, h.sending_s), _ms(h.sending_s, h.landed_s))
+             for h in outcome.handoffs}
+    for k, col in enumerate(("prefill_replica", "decode_replica", "prefilled_s", "kv_wait_ms", "kv_link_wait_ms",
                              "kv_transfer_ms")):
         default = -1 if k < 2 else math.nan
         table[col] = table["id"].map(lambda i, k=k, d=default: extra[i][k] if i in extra else d)
