@@ -99,6 +99,19 @@ def test_a_request_the_decode_pool_can_never_hold_is_rejected_at_the_door():
     assert t.loc[1, "outcome"] == "finished"
 
 
+def test_a_horizon_leaves_every_request_accounted_for_with_where_it_stopped():
+    # the prefill KV fills with prompts waiting for a slow link: prefill replicas wait for it, never stall
+    result = simulate(config("trace.max_requests=500", "trace.rate_scale=8", "backend.horizon_s=20",
+                             "disagg.enabled=true", "disagg.prefill.num_blocks=1000", "disagg.link.bandwidth_GBps=0.5"))
+    accounted(result, 500)
+    s, t = result.summary, result.requests
+    assert not s["stalled"] and 0 < s["completed"] < 500
+    reasons = set(t.loc[t["outcome"] == "unfinished", "reason"])
+    assert reasons <= {"unfinished at the horizon", "unfinished at the horizon (KV in transfer to the decode pool)",
+                       "unfinished at the horizon (waiting for decode KV space)"}
+    assert "unfinished at the horizon (KV in transfer to the decode pool)" in reasons
+
+
 @pytest.mark.parametrize("extra", [[], ["policy=sarathi"], ["backend.replicas=3"]])
 def test_disagg_keys_are_inert_when_disabled(extra):
     base = simulate(config("trace.max_requests=300", *extra)).summary
@@ -167,20 +180,20 @@ def workloads(draw):
     for g in gaps:
         t += g
         specs.append((t, draw(st.integers(1, 60)), draw(st.integers(1, 30))))
-    return (make_requests(specs), draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(8, 64)),
-            draw(st.booleans()))
+    return (make_requests(specs), draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(16, 64)),
+            draw(st.integers(8, 64)), draw(st.booleans()))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_no_request_is_lost_or_duplicated_across_the_pools(work):
-    reqs, n_prefill, n_decode, decode_blocks, serialize = work
+    reqs, n_prefill, n_decode, prefill_blocks, decode_blocks, serialize = work
 
     def pool(name, n, blocks):
         return Pool(name, [make_loop(make_policy("vllm"), num_blocks=blocks, max_seqs=4) for _ in range(n)],
                     FixedCost(0.01, 0.001), RoundRobin())
 
-    sim = DisaggSimulation(reqs, pool("prefill", n_prefill, 64), pool("decode", n_decode, decode_blocks),
+    sim = DisaggSimulation(reqs, pool("prefill", n_prefill, prefill_blocks), pool("decode", n_decode, decode_blocks),
                            KVLink("t", 1e6, 0.002, 1.0, serialize), kv_bytes_per_token=100)
     out = sim.run()
     assert [h.req.id for h in out.handoffs] == [r.id for r in reqs] and not out.not_arrived and not out.stalled

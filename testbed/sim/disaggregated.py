@@ -118,6 +118,7 @@ class DisaggSimulation:
         self._delivered = 0
         self._arrivals_done = False
         self._in_flight = 0  # prefilled, not yet landed on a decode replica
+        self._holding = [0] * len(prefill.loops)  # per prefill replica: finished prompts whose KV it keeps
         self._decode_max_len = decode.loops[0].limits.max_model_len
         self.stalled = False
         self._stop: Callable[[], bool] = _never
@@ -177,7 +178,7 @@ class DisaggSimulation:
                 raise _Stopped
             batch = loop.plan(env.now) if loop.has_work else None
             if batch is None:
-                if self._arrivals_done:
+                if self._arrivals_done and not self._holding[i]:  # held KV frees when its transfer lands
                     if loop.has_work:
                         self.stalled = True
                         loop.abandon(f"stalled: policy {loop.policy_name!r} scheduled nothing on prefill replica "
@@ -195,6 +196,7 @@ class DisaggSimulation:
                     h = self._by_prefill[i].pop(s.req.id)
                     h.prefilled_s = env.now
                     self._in_flight += 1
+                    self._holding[i] += 1
                     env.process(self._hand_off(h))
 
     def _hand_off(self, h: Handoff):
@@ -214,6 +216,8 @@ class DisaggSimulation:
             link.release(slot)
         h.landed_s = env.now
         self.prefill.loops[h.prefill_replica].release_kv(h.prefill)
+        self._holding[h.prefill_replica] -= 1
+        self._wake("prefill", h.prefill_replica)  # its freed blocks may admit a waiting prompt
         pool.loops[j].receive_remote_kv(h.decode, env.now)
         self._in_flight -= 1
         self._wake("decode", j)
