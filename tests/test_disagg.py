@@ -212,3 +212,29 @@ def test_no_request_is_lost_or_duplicated_across_the_pools(work):
     for loop in out.prefill.loops + out.decode.loops:  # every block back: nothing held past its transfer
         assert loop.kv.num_free_blocks == loop.kv.num_blocks and not loop.receiving
     assert all(math.isfinite(b) for b in out.prefill.busy_s + out.decode.busy_s)
+
+
+def test_the_pool_ratio_search_tries_every_split_and_names_the_best(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    out = tmp_path / "search"
+    proc = subprocess.run([sys.executable, "-m", "testbed.app.disagg_search", "trace.max_requests=200",
+                           "disagg.search_total_replicas=3", "disagg.search_rate_scales=[2]", "capacity.lo=1",
+                           "capacity.hi=32", "capacity.rel_tol=0.3", f"output.dir={out}"],
+                          capture_output=True, text=True, env={**os.environ, "HYDRA_FULL_ERROR": "1"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((out / "search.json").read_text())
+    assert [a["layout"] for a in res["layouts"]] == ["colocated x3", "1P:2D", "2P:1D"]
+    for a in res["layouts"]:
+        met = [c["rate_scale"] for c in a["curve"] if c["slo_attainment"] >= res["attainment_target"]]
+        assert a["max_rate_scale"] == (max(met) if met else None)
+    splits = [a for a in res["layouts"] if a["prefill_replicas"] and a["max_rate_scale"]]
+    assert res["best_split"] == max(splits, key=lambda a: a["max_rate_scale"])["layout"]
+    grid = pd.read_csv(out / "sweep_summary.csv")
+    assert len(grid) == 3 and set(grid["rate_scale"]) == {2}
+    assert "best prefill:decode split" in (out / "table.md").read_text() and "| 1P:2D |" in proc.stdout
