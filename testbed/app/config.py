@@ -192,6 +192,48 @@ class ValidateConfig:
 
 
 @dataclass
+class DisaggPoolConfig:
+    """One pool of a disaggregated run: its replica count, and what differs from the run's replica
+    (null: the run's own `hardware`, `parallel.tensor_parallel_size`, `policy`, `scheduler.*`, `kv.num_blocks`)."""
+
+    replicas: int = bounded(1, ge=1, le=1024)
+    hardware: Optional[str] = None  # a preset of testbed/conf/hardware (h100, h200, a100, b200, l40s)
+    tensor_parallel_size: Optional[int] = bounded(None, ge=1, le=64)
+    policy: Optional[str] = None  # a registered policy, at its default knobs
+    max_num_batched_tokens: Optional[int] = bounded(None, ge=1)
+    max_num_seqs: Optional[int] = bounded(None, ge=1)
+    num_blocks: Optional[int] = bounded(None, ge=1)  # the pool's KV capacity per replica, in blocks
+
+
+@dataclass
+class KVLinkConfig:
+    """The link a prefill replica sends a prompt's KV over to a decode replica (testbed/sim/kv_link.py):
+    a preset (nvlink, infiniband, roce) or its bandwidth / latency overridden."""
+
+    name: str = "infiniband"
+    bandwidth_GBps: Optional[float] = bounded(None, gt=0)  # per GPU, one direction, in GB/s (bytes); null: the preset's
+    latency_us: Optional[float] = bounded(None, ge=0)  # per transfer; null: the preset's
+    efficiency: float = bounded(0.8, gt=0, le=1)  # the share of the bandwidth a KV transfer achieves
+    # transfers into one decode replica queue one after another (its NICs are shared); false: they overlap
+    serialize: bool = True
+
+
+@dataclass
+class DisaggConfig:
+    """Disaggregated prefill/decode (simulator only; testbed/sim/disaggregated.py): a prefill pool and a
+    decode pool of replicas, the KV of each prefill sent over `link`. Off: the co-located run."""
+
+    enabled: bool = field(default=False, metadata={
+        "sim_only": "the engine and vLLM backends serve one co-located replica"})
+    prefill: DisaggPoolConfig = field(default_factory=DisaggPoolConfig)
+    decode: DisaggPoolConfig = field(default_factory=DisaggPoolConfig)
+    link: KVLinkConfig = field(default_factory=KVLinkConfig)
+    # testbed-disagg-search: the replicas split between the pools (null: prefill.replicas + decode.replicas)
+    search_total_replicas: Optional[int] = bounded(None, ge=2, le=1024)
+    search_rate_scales: list[float] = bounded(factory=list, gt=0)  # testbed-disagg-search: also run these loads
+
+
+@dataclass
 class TestbedConfig:
     trace: TraceConfig = MISSING
     policy: Any = MISSING
@@ -211,6 +253,7 @@ class TestbedConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # testbed-profile's grid
     fidelity: FidelityConfig = field(default_factory=FidelityConfig)  # testbed-fidelity's repeats
     validate: ValidateConfig = field(default_factory=ValidateConfig)  # testbed-validate's real runs
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)  # disaggregated prefill/decode pools (simulator)
     seed: int = bounded(0, ge=0)  # numpy and torch seeds are non-negative
 
 

@@ -119,6 +119,14 @@ def format_table(summary: dict) -> str:
         rows.append(("host KV tier", f"{summary['offload_hit_tokens']} tokens loaded, external hit rate "
                                      f"{summary['external_prefix_cache_hit_rate']:.1%}, total hit rate "
                                      f"{summary['total_prefix_hit_rate']:.1%}"))
+    if summary.get("disagg"):
+        rows.append(("pools", ", ".join(
+            f"{pool} {summary[f'{pool}_replicas']} x {summary[f'{pool}_gpus'] // summary[f'{pool}_replicas']} GPU "
+            f"({summary[f'{pool}_utilization']:.0%} busy)" for pool in ("prefill", "decode"))))
+        fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+        rows.append((f"KV {summary['kv_link']} ms", f"transfer mean {fmt(summary['mean_kv_transfer_ms'])} p99 "
+                     f"{fmt(summary['p99_kv_transfer_ms'])}, decode KV wait mean {fmt(summary['mean_kv_wait_ms'])} "
+                     f"p99 {fmt(summary['p99_kv_wait_ms'])}"))
     failed = [k for k, ok in summary["slo_checks"].items() if not ok]
     verdict = "pass" if summary["slo_pass"] else "fail" + (f" ({', '.join(failed)})" if failed else "")
     rows.append((f"SLO {summary['slo']}", f"goodput {summary['request_goodput']:.2f} req/s, attainment "

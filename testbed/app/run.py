@@ -336,6 +336,10 @@ def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: Mod
     t0 = time.perf_counter()
     if cfg.backend.name != "sim":
         raise ValueError(f"backend.name={cfg.backend.name!r}: simulate() runs backend=sim")
+    if cfg.get("disagg") is not None and cfg.disagg.enabled:  # a prefill pool and a decode pool
+        from testbed.app.disagg import simulate_disagg
+
+        return simulate_disagg(cfg, stop, model, requests)
     setup = prepare(cfg, model=model, requests=requests)
     engine_requests, clock = to_engine_queue(setup.requests, setup.frontend)  # the front end delays arrivals
     with progress_bar(cfg, engine_requests) as progress:

@@ -97,6 +97,11 @@ class StepLoop:
         self._offload = hasattr(kv, "take_loaded_blocks")  # kv.offload_gb: admissions may load blocks from host
         self._on_arrival = getattr(policy, "on_arrival", None)
         self._on_finish = getattr(policy, "on_finish", None)
+        # disaggregated prefill/decode (testbed/sim/disaggregated.py): a prefill replica keeps a
+        # finished request's KV until its transfer is done; a decode replica holds the blocks of
+        # prompts whose KV is on its way (by request id)
+        self.hold_finished_kv = False
+        self.receiving: dict[int, RequestState] = {}
 
     # --- arrivals ---------------------------------------------------------------------
     def arrive(self, req: Request, now: float) -> RequestState:
@@ -116,6 +121,42 @@ class StepLoop:
             self._on_arrival(s, self.view)
         return s
 
+    # --- KV computed elsewhere (disaggregated prefill) ----------------------------------------
+    def reserve_remote_kv(self, req: Request) -> RequestState | None:
+        """Take blocks for the prompt of a request another replica prefilled, before its KV is
+        sent here, or None when its blocks or a sequence slot are not free now. vLLM's decode
+        scheduler allocates them and parks the request as WAITING_FOR_REMOTE_KVS while the KV
+        connector loads into them (vllm/v1/core/sched/scheduler.py L1321-1323, 0.32); a request
+        waiting for remote KV is counted against max_num_seqs here, as it will run next."""
+        kv = self.kv
+        if (kv.blocks_for(req.prompt_len) > kv.num_free_blocks
+                or len(self.running) + len(self.receiving) >= self.limits.max_num_seqs):
+            return None
+        s = RequestState(req)
+        if self.record_token_times:
+            s.token_times = []
+        kv.allocate(s, req.prompt_len)
+        self.states.append(s)
+        self.receiving[req.id] = s
+        return s
+
+    def receive_remote_kv(self, s: RequestState, now: float) -> None:
+        """The prompt's KV has landed in the blocks `reserve_remote_kv` took: the request runs with
+        every prompt token computed but the last, which its next step recomputes to sample the first
+        output token (vLLM sets num_computed_tokens = num_tokens - 1 after a full remote hit:
+        scheduler.py L3170-3171)."""
+        del self.receiving[s.req.id]
+        s.num_computed = s.req.prompt_len - 1
+        s.status = _RUNNING
+        self.live[s.req.id] = s
+        self.running.append(s)
+        if self._on_arrival is not None:
+            self.view.now = now
+            self._on_arrival(s, self.view)
+
+    def release_kv(self, s: RequestState) -> None:
+        """Free the KV of a finished request kept by `hold_finished_kv` (its transfer is done)."""
+        self.kv.free(s, finished=True)
 
     @property
     def has_work(self) -> bool:
@@ -307,7 +348,8 @@ class StepLoop:
             self._after_finish(batch, end)
 
     def _finish(self, s: RequestState, now: float) -> None:
-        self.kv.free(s, finished=True)
+        if not self.hold_finished_kv:
+            self.kv.free(s, finished=True)
         s.status = Status.FINISHED
         s.finish_time = now
         del self.live[s.req.id]
@@ -413,6 +455,10 @@ class StepLoop:
             if s.blocks:
                 self.kv.free(s)
             s.reject_reason = reason
+        for s in self.receiving.values():
+            self.kv.free(s)
+            s.reject_reason = f"{reason} (its KV still in transfer)"
+        self.receiving.clear()
         self.live.clear()
         self.waiting = []
         self.running = []
