@@ -127,10 +127,12 @@ class StepLoop:
         sent here, or None when its blocks or a sequence slot are not free now. vLLM's decode
         scheduler allocates them and parks the request as WAITING_FOR_REMOTE_KVS while the KV
         connector loads into them (vllm/v1/core/sched/scheduler.py L1321-1323, 0.32); a request
-        waiting for remote KV is counted against max_num_seqs here, as it will run next."""
+        waiting for remote KV is counted against max_num_seqs here, as it will run next, and so is
+        every live one (a preempted request waiting to be re-admitted too): the request joins the
+        running set when its KV lands, which must never take it past max_num_seqs."""
         kv = self.kv
         if (kv.blocks_for(req.prompt_len) > kv.num_free_blocks
-                or len(self.running) + len(self.receiving) >= self.limits.max_num_seqs):
+                or len(self.live) + len(self.receiving) >= self.limits.max_num_seqs):
             return None
         s = RequestState(req)
         if self.record_token_times:
