@@ -42,6 +42,10 @@ class RooflineCostModel:
     attention, the shared expert and the router, plus the experts the step's tokens touch: under
     uniform routing T tokens hit E (1 - (1 - k/E)^T) distinct experts of E (a batch-1 decode
     reads only its top-k, a long prefill all E).
+
+    Speculative decoding's verify pass (`BatchShape.num_spec_tokens`): each draft token is one more token
+    through the linear layers and the LM head, with its query-key pairs; the draft model's passes are priced
+    by `testbed.sim.spec_cost`.
     """
 
     name = "roofline"
@@ -97,8 +101,10 @@ class RooflineCostModel:
             experts, k_over_e = self._moe
             weight_bytes += experts * (1 - (1 - k_over_e) ** tokens) * st.expert_weight_bytes
         t_linear = max(linear_flops / self._peak, weight_bytes / self._bw)
-        attn_flops = st.attn_flops_per_pair * (s.prefill_attn_pairs + s.decode_kv_tokens)
-        kv_bytes = st.kv_bytes_per_token * (s.prefill_kv_tokens + s.decode_kv_tokens)
+        # a verify pass's draft queries add their query-key pairs; a sequence's 1 + k queries form one query
+        # block of the attention kernel, so its KV is read once (the drafts' own KV is new)
+        attn_flops = st.attn_flops_per_pair * (s.prefill_attn_pairs + s.decode_kv_tokens + s.spec_kv_tokens)
+        kv_bytes = st.kv_bytes_per_token * (s.prefill_kv_tokens + s.decode_kv_tokens + s.num_spec_tokens)
         t = self._overhead + t_linear + max(attn_flops / self._peak_attn, kv_bytes / self._kv_bw)
         if st.num_allreduces:  # ring all-reduce: each GPU sends and receives 2 (tp-1)/tp of the message
             t += (self._tp_factor * st.allreduce_bytes_per_token * tokens / self._link_bw
@@ -106,10 +112,10 @@ class RooflineCostModel:
         return t
 
     def step_time(self, s: BatchShape) -> float:
-        tokens = s.num_prefill_tokens + s.num_decode_seqs
+        tokens = s.num_prefill_tokens + s.num_decode_seqs + s.num_spec_tokens  # draft tokens go through every layer
         if tokens == 0:
             return self._overhead + (s.swap_blocks + s.load_blocks) * self._swap_bytes_per_block
-        seqs = s.num_prefill_seqs + s.num_decode_seqs
+        seqs = s.num_prefill_seqs + s.num_decode_seqs + s.num_spec_tokens  # LM head rows: a verify needs logits at every draft
         if len(self._stages) == 1:
             t = self._stage_time(self._stages[0], s, tokens, seqs)
         else:

@@ -1,0 +1,89 @@
+"""The drafting cost of speculative decoding, on top of any cost model's verify pass.
+
+The target cost models price the verify pass themselves (its draft tokens are `BatchShape.num_spec_tokens`).
+What drafting adds to a step depends on the method:
+- draft: a small model proposes k tokens for each decode sequence, one forward pass per token, after the
+  target's pass in the same step (vLLM's DraftModelProposer, vllm/v1/spec_decode/draft_model.py). Each
+  pass is priced as a decode step of the draft model over the sequences that verify drafts, at their
+  mean context, by the same cost model kind built for the draft's ModelSpec on the same hardware and
+  parallelism, without the per-step and per-sequence host overheads (scheduling, input preparation,
+  sampling are the target step's, paid once). Not priced: the first draft pass's extra query tokens
+  (the tokens accepted in the step) and the drafts of requests whose prefill ends in the step.
+- ngram: prompt lookup on the host (vLLM's NgramProposer): no model, `ngram_host_s` per step.
+"""
+from __future__ import annotations
+
+import dataclasses
+from importlib import resources
+
+from omegaconf import DictConfig, OmegaConf
+
+from testbed.core.cost import BatchShape, CostModel
+from testbed.core.specs import HardwareSpec, ModelSpec
+
+
+class SpecDecodeCostModel:
+    """step_time = the target's step (with its verify pass) + the drafting of the step's decodes."""
+
+    def __init__(self, target: CostModel, num_speculative_tokens: int, draft: CostModel | None = None,
+                 host_s: float = 0.0):
+        self.target, self.k, self.draft, self.host_s = target, num_speculative_tokens, draft, host_s
+        self.name = target.name
+
+    def __getattr__(self, key):  # a profile's header, a kernel model's tables: the target's
+        return getattr(self.target, key)
+
+    def step_time(self, s: BatchShape) -> float:
+        t = self.target.step_time(s)
+        if not s.num_spec_seqs:
+            return t
+        if self.draft is None:
+            return t + self.host_s
+        return t + self.k * self.draft.step_time(draft_pass(s))
+
+
+def draft_pass(s: BatchShape) -> BatchShape:
+    """One draft-model pass: a decode over the sequences that verify drafts, at the step's mean context."""
+    mean_ctx = s.decode_kv_tokens / s.num_decode_seqs
+    return BatchShape(num_decode_seqs=s.num_spec_seqs, decode_kv_tokens=round(mean_ctx * s.num_spec_seqs))
+
+
+def draft_model_spec(name: str) -> ModelSpec:
+    """A model preset of the package (conf/model/<name>.yaml) as a ModelSpec."""
+    path = resources.files("testbed") / "conf" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        names = sorted(p.name.removesuffix(".yaml") for p in (resources.files("testbed") / "conf" / "model").iterdir()
+                       if p.name.endswith(".yaml"))
+        raise ValueError(f"spec_decode.draft_model={name!r}: no such model preset; expected one of {', '.join(names)}")
+    node = OmegaConf.to_container(OmegaConf.load(str(path)))
+    node.pop("defaults", None)
+    return ModelSpec(**node)
+
+
+def with_spec_decode(cost: CostModel, cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
+    """`cost` with drafting added when spec_decode.method is not none (else `cost` itself)."""
+    sd = cfg.get("spec_decode")
+    if sd is None or sd.method == "none":
+        return cost
+    if sd.method == "ngram":
+        return SpecDecodeCostModel(cost, sd.num_speculative_tokens, host_s=sd.ngram_host_s)
+    if sd.method != "draft":
+        raise ValueError(f"spec_decode.method={sd.method!r}: expected one of none, ngram, draft")
+    draft = draft_model_spec(sd.draft_model)
+    name = cfg.cost_model.name
+    from testbed.app import run
+
+    if name == "roofline":
+        from testbed.sim.roofline import RooflineCostModel
+
+        bare = dataclasses.replace(hw, step_overhead_s=0.0, decode_seq_overhead_s=0.0)
+        draft_cost = RooflineCostModel(draft, bare, block_size=cfg.kv.block_size, parallel=run.parallel_spec(cfg))
+    elif name == "kernels":
+        bare_cfg = cfg.copy()
+        bare_cfg.cost_model.step_overhead_s = bare_cfg.cost_model.seq_overhead_s = 0.0
+        draft_cost = run.build_kernel_cost_model(bare_cfg, draft, hw)
+    else:
+        raise ValueError(f"spec_decode.method=draft with cost_model={name}: a profile holds one measured model's "
+                         f"step times, none of the draft {sd.draft_model}'s; use cost_model=roofline or kernels, "
+                         f"or spec_decode.method=ngram")
+    return SpecDecodeCostModel(cost, sd.num_speculative_tokens, draft=draft_cost)
