@@ -25,7 +25,7 @@ from testbed.sim.roofline import RooflineCostModel
 from testbed.core.kv import BlockManager
 from testbed.core.kv_offload import WRITE_POLICIES, OffloadingBlockManager
 from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
-from testbed.core.spec_decode import Drafter, DraftStats
+from testbed.core.spec_decode import ACCEPTANCE_DISTS, METHODS, Drafter, DraftStats
 from testbed.app.frontend import ClientClock, FrontendConfig, to_engine_queue
 from testbed.app.metrics import SLO, request_table, summarize
 from testbed.app.plugins import make_policy, make_router
@@ -271,6 +271,7 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
     frontend = _obj(cfg.frontend, FrontendConfig) if "frontend" in cfg else FrontendConfig()
     frontend.validate()
     reqs, load_rejects = (requests, []) if requests is not None else build_requests(cfg.trace, cfg.seed)
+    drafter = drafter_factory(cfg)
     cost = build_cost_model(cfg, model, hw)
     blocks = device_blocks if device_blocks is not None else device_kv_blocks(cfg, model, hw)
     host_blocks = int(cfg.kv.swap_space_gb * 1e9 // block_bytes_per_gpu(cfg, model))  # vLLM's swap_space: per GPU
@@ -279,13 +280,19 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
     knobs = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
     make_policy(cfg.policy.name, **knobs)  # fail on bad knobs before anything runs
     return Setup(model, hw, slo, reqs, load_rejects, cost, blocks, host_blocks, limits, knobs, frontend,
-                 offload_kv_blocks(cfg, model), drafter_factory(cfg))
+                 offload_kv_blocks(cfg, model), drafter)
 
 
 def drafter_factory(cfg: DictConfig) -> Callable[[], Drafter] | None:
     """A new `Drafter` per loop when spec_decode.method is not none (its values checked now)."""
     sd = cfg.get("spec_decode")
-    if sd is None or sd.method == "none":
+    if sd is None:
+        return None
+    if sd.method not in METHODS:
+        raise ValueError(f"spec_decode.method={sd.method!r}: expected one of {', '.join(METHODS)}")
+    if sd.acceptance_dist not in ACCEPTANCE_DISTS:
+        raise ValueError(f"spec_decode.acceptance_dist={sd.acceptance_dist!r}: expected one of {', '.join(ACCEPTANCE_DISTS)}")
+    if sd.method == "none":
         return None
     args = (sd.num_speculative_tokens, sd.acceptance_rate, sd.acceptance_dist, sd.acceptance_concentration, cfg.seed)
     Drafter(*args)
