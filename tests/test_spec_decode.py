@@ -25,7 +25,8 @@ from testbed.core.specs import HardwareSpec, ParallelSpec
 from testbed.policies import make_policy, registered
 from testbed.sim.roofline import RooflineCostModel
 from testbed.sim.simulation import Simulation
-from testbed.sim.spec_cost import SpecDecodeCostModel, draft_model_spec
+from testbed.app.spec_decode import draft_model_spec
+from testbed.sim.spec_cost import SpecDecodeCostModel
 
 
 def config(*overrides):

@@ -25,7 +25,8 @@ from testbed.sim.roofline import RooflineCostModel
 from testbed.core.kv import BlockManager
 from testbed.core.kv_offload import WRITE_POLICIES, OffloadingBlockManager
 from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
-from testbed.core.spec_decode import ACCEPTANCE_DISTS, METHODS, Drafter, DraftStats
+from testbed.app.spec_decode import drafter_factory
+from testbed.core.spec_decode import Drafter, DraftStats
 from testbed.app.frontend import ClientClock, FrontendConfig, to_engine_queue
 from testbed.app.metrics import SLO, request_table, summarize
 from testbed.app.plugins import make_policy, make_router
@@ -132,7 +133,7 @@ def _nothing_to_simulate(tc: DictConfig, load: traces.TraceLoad | None) -> str:
 
 def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
     """The cost model of cost_model.name, with speculative decoding's drafting when spec_decode is on."""
-    from testbed.sim.spec_cost import with_spec_decode
+    from testbed.app.spec_decode import with_spec_decode
 
     return with_spec_decode(_target_cost_model(cfg, model, hw), cfg, model, hw)
 
@@ -281,23 +282,6 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
     make_policy(cfg.policy.name, **knobs)  # fail on bad knobs before anything runs
     return Setup(model, hw, slo, reqs, load_rejects, cost, blocks, host_blocks, limits, knobs, frontend,
                  offload_kv_blocks(cfg, model), drafter)
-
-
-def drafter_factory(cfg: DictConfig) -> Callable[[], Drafter] | None:
-    """A new `Drafter` per loop when spec_decode.method is not none (its values checked now)."""
-    sd = cfg.get("spec_decode")
-    if sd is None:
-        return None
-    if sd.method not in METHODS:
-        raise ValueError(f"spec_decode.method={sd.method!r}: expected one of {', '.join(METHODS)}")
-    if sd.acceptance_dist not in ACCEPTANCE_DISTS:
-        raise ValueError(f"spec_decode.acceptance_dist={sd.acceptance_dist!r}: expected one of {', '.join(ACCEPTANCE_DISTS)}")
-    if sd.method == "none":
-        return None
-    args = (sd.num_speculative_tokens, sd.acceptance_rate, sd.acceptance_dist, sd.acceptance_concentration, cfg.seed)
-    Drafter(*args)
-    return lambda: Drafter(*args)
-
 
 def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, t0: float,
            clock: ClientClock | None = None) -> RunResult:

@@ -1,4 +1,5 @@
-"""The drafting cost of speculative decoding, on top of any cost model's verify pass.
+"""The drafting cost of speculative decoding, on top of any cost model's verify pass (built from the
+config by `testbed.app.spec_decode`).
 
 The target cost models price the verify pass themselves (its draft tokens are `BatchShape.num_spec_tokens`).
 What drafting adds to a step depends on the method:
@@ -13,13 +14,7 @@ What drafting adds to a step depends on the method:
 """
 from __future__ import annotations
 
-import dataclasses
-from importlib import resources
-
-from omegaconf import DictConfig, OmegaConf
-
 from testbed.core.cost import BatchShape, CostModel
-from testbed.core.specs import HardwareSpec, ModelSpec
 
 
 class SpecDecodeCostModel:
@@ -46,44 +41,3 @@ def draft_pass(s: BatchShape) -> BatchShape:
     """One draft-model pass: a decode over the sequences that verify drafts, at the step's mean context."""
     mean_ctx = s.decode_kv_tokens / s.num_decode_seqs
     return BatchShape(num_decode_seqs=s.num_spec_seqs, decode_kv_tokens=round(mean_ctx * s.num_spec_seqs))
-
-
-def draft_model_spec(name: str) -> ModelSpec:
-    """A model preset of the package (conf/model/<name>.yaml) as a ModelSpec."""
-    path = resources.files("testbed") / "conf" / "model" / f"{name}.yaml"
-    if not path.is_file():
-        names = sorted(p.name.removesuffix(".yaml") for p in (resources.files("testbed") / "conf" / "model").iterdir()
-                       if p.name.endswith(".yaml"))
-        raise ValueError(f"spec_decode.draft_model={name!r}: no such model preset; expected one of {', '.join(names)}")
-    node = OmegaConf.to_container(OmegaConf.load(str(path)))
-    node.pop("defaults", None)
-    return ModelSpec(**node)
-
-
-def with_spec_decode(cost: CostModel, cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
-    """`cost` with drafting added when spec_decode.method is not none (else `cost` itself)."""
-    sd = cfg.get("spec_decode")
-    if sd is None or sd.method == "none":
-        return cost
-    if sd.method == "ngram":
-        return SpecDecodeCostModel(cost, sd.num_speculative_tokens, host_s=sd.ngram_host_s)
-    if sd.method != "draft":
-        raise ValueError(f"spec_decode.method={sd.method!r}: expected one of none, ngram, draft")
-    draft = draft_model_spec(sd.draft_model)
-    name = cfg.cost_model.name
-    from testbed.app import run
-
-    if name == "roofline":
-        from testbed.sim.roofline import RooflineCostModel
-
-        bare = dataclasses.replace(hw, step_overhead_s=0.0, decode_seq_overhead_s=0.0)
-        draft_cost = RooflineCostModel(draft, bare, block_size=cfg.kv.block_size, parallel=run.parallel_spec(cfg))
-    elif name == "kernels":
-        bare_cfg = cfg.copy()
-        bare_cfg.cost_model.step_overhead_s = bare_cfg.cost_model.seq_overhead_s = 0.0
-        draft_cost = run.build_kernel_cost_model(bare_cfg, draft, hw)
-    else:
-        raise ValueError(f"spec_decode.method=draft with cost_model={name}: a profile holds one measured model's "
-                         f"step times, none of the draft {sd.draft_model}'s; use cost_model=roofline or kernels, "
-                         f"or spec_decode.method=ngram")
-    return SpecDecodeCostModel(cost, sd.num_speculative_tokens, draft=draft_cost)
