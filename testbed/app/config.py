@@ -138,6 +138,28 @@ class BackendConfig:
     scheduler: str = "native"
 
 
+_SPEC_SIM_ONLY = "speculative decoding is modelled in the simulator's loop and cost model only"
+
+
+@dataclass
+class SpecDecodeConfig:
+    """Speculative decoding (testbed/core/spec_decode.py, testbed/sim/spec_cost.py): each decode verifies
+    `num_speculative_tokens` draft tokens (vLLM's name) in one target pass and emits the accepted ones
+    plus one. method: none (off), ngram (prompt lookup: no draft model, `ngram_host_s` of host time per
+    step), draft (`draft_model`, a conf/model preset, runs k decode passes per step, priced by the run's
+    cost model kind on the same hardware and parallelism). Each draft token is accepted with probability
+    `acceptance_rate` until the first rejection; acceptance_dist=beta draws each request's rate from a
+    Beta of that mean and `acceptance_concentration` (seeded by the run's seed and the request id)."""
+
+    method: str = field(default="none", metadata={"sim_only": _SPEC_SIM_ONLY})
+    num_speculative_tokens: int = bounded(3, ge=1, le=64, sim_only=_SPEC_SIM_ONLY)
+    acceptance_rate: float = bounded(0.7, ge=0, le=1, sim_only=_SPEC_SIM_ONLY)
+    acceptance_dist: str = field(default="fixed", metadata={"sim_only": _SPEC_SIM_ONLY})
+    acceptance_concentration: float = bounded(10.0, gt=0, le=1e6, sim_only=_SPEC_SIM_ONLY)
+    draft_model: str = field(default="llama3_2_1b", metadata={"sim_only": _SPEC_SIM_ONLY})
+    ngram_host_s: float = bounded(1e-4, ge=0, le=0.1, sim_only=_SPEC_SIM_ONLY)
+
+
 @dataclass
 class OutputConfig:
     dir: str = "${hydra:runtime.output_dir}"
@@ -249,6 +271,7 @@ class TestbedConfig:
     kv: KVConfig = field(default_factory=KVConfig)
     parallel: ParallelSpec = field(default_factory=ParallelSpec)  # tensor / pipeline parallel GPUs per replica
     output: OutputConfig = field(default_factory=OutputConfig)
+    spec_decode: SpecDecodeConfig = field(default_factory=SpecDecodeConfig)  # speculative decoding (simulator only)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # testbed-profile's grid
     fidelity: FidelityConfig = field(default_factory=FidelityConfig)  # testbed-fidelity's repeats

@@ -25,6 +25,8 @@ from testbed.sim.roofline import RooflineCostModel
 from testbed.core.kv import BlockManager
 from testbed.core.kv_offload import WRITE_POLICIES, OffloadingBlockManager
 from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
+from testbed.app.spec_decode import drafter_factory
+from testbed.core.spec_decode import Drafter, DraftStats
 from testbed.app.frontend import ClientClock, FrontendConfig, to_engine_queue
 from testbed.app.metrics import SLO, request_table, summarize
 from testbed.app.plugins import make_policy, make_router
@@ -130,6 +132,13 @@ def _nothing_to_simulate(tc: DictConfig, load: traces.TraceLoad | None) -> str:
 
 
 def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
+    """The cost model of cost_model.name, with speculative decoding's drafting when spec_decode is on."""
+    from testbed.app.spec_decode import with_spec_decode
+
+    return with_spec_decode(_target_cost_model(cfg, model, hw), cfg, model, hw)
+
+
+def _target_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
     name = cfg.cost_model.name
     if name == "roofline":
         return RooflineCostModel(model, hw, block_size=cfg.kv.block_size, parallel=parallel_spec(cfg))
@@ -241,6 +250,7 @@ class Setup:
     knobs: dict
     frontend: FrontendConfig = field(default_factory=FrontendConfig)  # none: the engine's own times
     offload_blocks: int = 0  # the host KV tier behind the prefix cache (kv.offload_gb)
+    drafter: Callable[[], Drafter] | None = None  # speculative decoding (spec_decode.method); None: off
 
     def make_loop(self, cfg: DictConfig, device_blocks: int | None = None) -> StepLoop:
         args = (device_blocks or self.device_blocks, cfg.kv.block_size, cfg.kv.enable_prefix_caching,
@@ -248,7 +258,8 @@ class Setup:
         kv = (OffloadingBlockManager(*args, self.offload_blocks, cfg.kv.offload_write_policy) if self.offload_blocks
               else BlockManager(*args))
         return StepLoop(make_policy(cfg.policy.name, **self.knobs), kv, self.limits, self.cost,
-                        record_token_times=cfg.output.record_token_times)
+                        record_token_times=cfg.output.record_token_times,
+                        drafter=self.drafter() if self.drafter is not None else None)
 
 
 def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int | None = None,
@@ -261,6 +272,7 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
     frontend = _obj(cfg.frontend, FrontendConfig) if "frontend" in cfg else FrontendConfig()
     frontend.validate()
     reqs, load_rejects = (requests, []) if requests is not None else build_requests(cfg.trace, cfg.seed)
+    drafter = drafter_factory(cfg)
     cost = build_cost_model(cfg, model, hw)
     blocks = device_blocks if device_blocks is not None else device_kv_blocks(cfg, model, hw)
     host_blocks = int(cfg.kv.swap_space_gb * 1e9 // block_bytes_per_gpu(cfg, model))  # vLLM's swap_space: per GPU
@@ -269,8 +281,7 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
     knobs = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
     make_policy(cfg.policy.name, **knobs)  # fail on bad knobs before anything runs
     return Setup(model, hw, slo, reqs, load_rejects, cost, blocks, host_blocks, limits, knobs, frontend,
-                 offload_kv_blocks(cfg, model))
-
+                 offload_kv_blocks(cfg, model), drafter)
 
 def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, t0: float,
            clock: ClientClock | None = None) -> RunResult:
@@ -299,6 +310,12 @@ def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, 
                        routed_max_share=max(routed) / max(sum(routed), 1))
     if setup.offload_blocks:
         summary.update(offload_summary([l.kv for l in loops]))
+    if setup.drafter is not None:
+        stats = DraftStats()
+        for l in loops:
+            stats.add(l.drafter.stats)
+        summary.update(spec_decode_method=cfg.spec_decode.method,
+                       num_speculative_tokens=cfg.spec_decode.num_speculative_tokens, **stats.summary())
     rows = len(setup.requests) + len(setup.load_rejects)
     if summary["num_requests"] != rows:
         raise AssertionError(f"accounting broke: {summary['num_requests']} result rows for {rows} trace rows")
@@ -356,6 +373,8 @@ def replay_on_engine(cfg: DictConfig, stop: Callable[[], bool] | None = None) ->
     from testbed.engine.setup import build_engine
 
     t0 = time.perf_counter()
+    if drafter_factory(cfg) is not None:  # check_config refuses it first; a direct call must too
+        raise ValueError(f"spec_decode.method={cfg.spec_decode.method}: speculative decoding is the simulator's only")
     spec = resolve_model_spec(cfg.model)
     engine = build_engine(cfg, spec)
     setup = prepare(cfg, model=engine.spec, device_blocks=engine.num_blocks)

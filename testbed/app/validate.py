@@ -23,7 +23,7 @@ from typing import Any, Iterator, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from testbed.app.config import BackendConfig, DisaggConfig, TestbedConfig
+from testbed.app.config import BackendConfig, DisaggConfig, SpecDecodeConfig, TestbedConfig
 from testbed.app.frontend import FrontendConfig
 from testbed.app.plugins import load_policies, load_routers
 from testbed.core.bounds import bounds_of, range_problem
@@ -107,7 +107,7 @@ def out_of_range(path: str, node: DictConfig, schema: type | None) -> list[str]:
 
 
 SIM_ONLY_GROUPS = (("backend", BackendConfig, ""), ("frontend", FrontendConfig, " (frontend=none)"),
-                   ("disagg", DisaggConfig, ""))
+                   ("disagg", DisaggConfig, ""), ("spec_decode", SpecDecodeConfig, ""))
 
 
 def sim_only_keys_set(cfg: DictConfig, backend: str = "engine") -> list[str]:

@@ -8,6 +8,7 @@ to a profile of the real engine (`testbed.sim.fitted_cost`) plugs into the same 
 """
 from __future__ import annotations
 
+from copy import copy
 from dataclasses import dataclass
 from typing import Iterable, Protocol
 
@@ -22,6 +23,12 @@ class BatchShape:
     decode_kv_tokens: int = 0  # KV tokens read by decode sequences: sum of their context lengths
     swap_blocks: int = 0  # KV blocks moved between host and device before this step
     load_blocks: int = 0  # prefix blocks loaded from the host KV tier (kv.offload_gb) before this step
+    # speculative decoding (spec_decode.*; all 0 without it): the draft tokens the decode sequences verify in
+    # this step's target pass, the KV tokens those extra queries attend (the j-th draft of a sequence whose
+    # decode token reads c KV tokens reads c + j), and the decode sequences verifying at least one draft
+    num_spec_tokens: int = 0
+    spec_kv_tokens: int = 0
+    num_spec_seqs: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -37,6 +44,27 @@ class BatchShape:
         if self.num_prefill_seqs:
             return "mixed" if self.num_decode_seqs else "prefill"
         return "decode"
+
+
+def add_drafts(shape: BatchShape, offset: int, k: int) -> None:
+    """Add `k` draft tokens verified after the decode token of a sequence with `offset` tokens in its
+    cache: k more query tokens, the j-th attending offset + 1 + j KV tokens."""
+    shape.num_spec_tokens += k
+    shape.spec_kv_tokens += k * (offset + 1) + k * (k + 1) // 2
+    shape.num_spec_seqs += 1
+
+
+def verify_as_decode_rows(shape: BatchShape) -> BatchShape:
+    """The step with every draft token counted as one more decode sequence at its own context: how a
+    cost model that knows only one-query decode rows (a profile's fit, a decode-attention table) prices
+    a verify pass. Exact in tokens and query-key pairs; it reads each sequence's KV once per query."""
+    if not shape.num_spec_tokens:
+        return shape
+    rows = copy(shape)
+    rows.num_decode_seqs += shape.num_spec_tokens
+    rows.decode_kv_tokens += shape.spec_kv_tokens
+    rows.num_spec_tokens = rows.spec_kv_tokens = rows.num_spec_seqs = 0
+    return rows
 
 
 def add_work(shape: BatchShape, work: Iterable[tuple[int, int, bool]]) -> None:

@@ -16,6 +16,7 @@ from testbed.core.kv import BlockManager, KVCapacityError
 from testbed.core.plan import PREEMPT_MODES, RECOMPUTE, Plan, PlanError
 from testbed.core.policy import Policy
 from testbed.core.request import Request, RequestState, Status
+from testbed.core.spec_decode import Drafter
 from testbed.core.view import SchedulerView
 
 _WAITING, _RUNNING, _SWAPPED = Status.WAITING, Status.RUNNING, Status.SWAPPED
@@ -51,6 +52,8 @@ class Batch:
     # the blocks a swapped-out request held, and the blocks a swapped-in request now holds
     swap_out: list[tuple[RequestState, list[int]]] | None = None
     swap_in: list[tuple[RequestState, list[int]]] | None = None
+    # speculative decoding: the draft tokens each item verifies after its decode token (see spec_decode)
+    drafts: list[int] | None = None
 
 
 @dataclass
@@ -70,8 +73,10 @@ class StepSeries:
 
 class StepLoop:
     def __init__(self, policy: Policy, kv: BlockManager, limits: SchedulerLimits,
-                 cost_model: CostModel | None = None, record_token_times: bool = False):
+                 cost_model: CostModel | None = None, record_token_times: bool = False,
+                 drafter: Drafter | None = None):
         limits.validate()
+        self.drafter = drafter  # speculative decoding (testbed.core.spec_decode); None: off
         self.policy = policy
         self.policy_name = getattr(policy, "name", type(policy).__name__)
         self.kv = kv
@@ -199,6 +204,10 @@ class StepLoop:
             # a thousand running, past Python's recursion limit.
             swap_blocks = shape.swap_blocks
         self._add_to_shape(shape, plan.items)
+        drafts = None
+        if self.drafter is not None:
+            budget = self.limits.max_num_batched_tokens - plan.num_tokens
+            drafts = self.drafter.widen(plan.items, budget, self.kv, shape)
         series = self.series
         series.start.append(now)
         series.prefill_tokens.append(shape.num_prefill_tokens)
@@ -209,7 +218,7 @@ class StepLoop:
         series.preemptions.append(preempted)
         series.steps.append(1)
         self._steady = admitted == 0 and not plan.preempt
-        return Batch(plan.items, shape, now, None, swap_out, swap_in)
+        return Batch(plan.items, shape, now, None, swap_out, swap_in, drafts)
 
     def _apply(self, plan: Plan, shape: BatchShape, now: float, swap_out: list | None):
         """Apply a validated plan: preemptions first (their blocks serve the same plan), then
@@ -268,7 +277,7 @@ class StepLoop:
         time, as the clock would. Returns False (a plain step) when there is no run.
         """
         items = batch.items
-        if (not self._steady or self._is_steady is None or len(items) != len(self.running)
+        if (self.drafter is not None or not self._steady or self._is_steady is None or len(items) != len(self.running)
                 or batch.shape.num_prefill_seqs or not self._is_steady(self.view)):
             return False
         k_max = min(s.req.output_len - s.num_generated for s, _ in items)
@@ -316,12 +325,33 @@ class StepLoop:
         if batch.ends is not None:
             self._complete_run(batch)
             return
+        if batch.drafts is not None:
+            self._complete_verify(batch, now)
+            return
         itl = self.itl
         any_finished = False
         for s, n in batch.items:
             s.num_computed += n
             if s.num_computed == s.req.prompt_len + s.num_generated:
                 record_token(s, now, itl)
+                if s.num_generated >= s.req.output_len:
+                    self._finish(s, now)
+                    any_finished = True
+        if any_finished:
+            self._after_finish(batch, now)
+
+    def _complete_verify(self, batch: Batch, now: float) -> None:
+        """A step whose decodes verified drafts: each emits its accepted drafts and one sampled token,
+        all stamped at the step's end (inter-token gaps of 0 within a step, as vLLM streams them in
+        one output); only their KV counts as computed (vLLM rolls back the rejected ones)."""
+        itl, drafter = self.itl, self.drafter
+        any_finished = False
+        for (s, n), k in zip(batch.items, batch.drafts):
+            emitted = 1 + drafter.accepted(s, k) if k else 1
+            s.num_computed += n + emitted - 1
+            if s.num_computed == s.req.prompt_len + s.num_generated + emitted - 1:
+                for _ in range(emitted):
+                    record_token(s, now, itl)
                 if s.num_generated >= s.req.output_len:
                     self._finish(s, now)
                     any_finished = True
@@ -352,6 +382,8 @@ class StepLoop:
     def _finish(self, s: RequestState, now: float) -> None:
         if not self.hold_finished_kv:
             self.kv.free(s, finished=True)
+        if self.drafter is not None:
+            self.drafter.forget(s)
         s.status = Status.FINISHED
         s.finish_time = now
         del self.live[s.req.id]
@@ -432,9 +464,13 @@ class StepLoop:
             self.waiting = [s for s in w if s.status is not _RUNNING]
 
     def shape_of(self, items: list[tuple[RequestState, int]]) -> BatchShape:
-        """The batch features of planned items, as they stand before the step runs."""
+        """The batch features of planned items, as they stand before the step runs (with the drafts
+        their decodes would verify, KV permitting)."""
         shape = BatchShape()
         self._add_to_shape(shape, items, predicting=True)
+        if self.drafter is not None:
+            budget = self.limits.max_num_batched_tokens - sum(n for _, n in items)
+            self.drafter.predict(items, budget, (self._work_of(s, n, True)[0] for s, n in items), shape)
         if self._offload:
             kv = self.kv
             shape.load_blocks = sum(kv.loads_for(s, n) for s, n in items if s.status is _WAITING and not s.blocks)

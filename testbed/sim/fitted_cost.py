@@ -23,6 +23,11 @@ the batch), a residual correction interpolates the measured/fitted ratio over th
 grid (log batch x log context) and over the single-chunk prefill grid (log chunk x log
 offset). Each correction is kept only if it lowers the error on held-out rows.
 
+Speculative decoding (spec_decode.*): a profile measures no verify pass, so each draft token a decode
+sequence verifies is priced as one more decode row at its own context (`verify_as_decode_rows`): its
+token through the linear layers, its query-key pairs, its per-row input and sampling cost. That reads
+a sequence's KV once per query, so the verify's attention is an upper bound.
+
 Held-out error: the fit is first made on the profile's rows minus every 5th (a
 deterministic split), and its absolute percentage error on those held-out rows is
 reported (`holdout`: median, p95, per kind); the model then used is refitted on every row.
@@ -38,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from testbed.core.cost import BatchShape
+from testbed.core.cost import BatchShape, verify_as_decode_rows
 
 HOLDOUT_EVERY = 5
 ENGINE_TERMS = ["c0", "c_floor", "c_tok", "c_pairs", "c_ctx_pairs", "c_pkv", "c_dkv", "c_pseq", "c_dseq"]
@@ -59,6 +64,9 @@ def read_profile(path: str | Path) -> tuple[dict[str, str], pd.DataFrame]:
     if "load_blocks" not in df.columns:  # profiles written before the host KV tier existed: no engine step loads
         df.insert(list(df.columns).index("swap_blocks") + 1 if "swap_blocks" in df.columns else len(df.columns),
                   "load_blocks", 0)
+    for col in ("num_spec_tokens", "spec_kv_tokens", "num_spec_seqs"):  # written before speculative decoding
+        if col not in df.columns:
+            df[col] = 0
     missing = {"kind", "seconds", *(f for f in BatchShape.__dataclass_fields__)} - set(df.columns)
     if missing:
         raise ValueError(f"{path}: not a testbed profile, missing columns {sorted(missing)}")
@@ -322,9 +330,12 @@ class ProfileCostModel:
         return self._h0 + self._h_seq * (s.num_prefill_seqs + s.num_decode_seqs)
 
     def step_time(self, s: BatchShape) -> float:
+        # a profile has no verify pass: the engine part prices its draft tokens as decode rows, the host
+        # part (per request scheduled) stays the step's
+        engine = self.engine_time(verify_as_decode_rows(s) if s.num_spec_tokens else s)
         if s.load_blocks:  # a profile measures no host-tier load: it crosses the host link (set by build_cost_model)
-            return self.engine_time(s) + self.host_time(s) + s.load_blocks * self.host_link_s_per_block
-        return self.engine_time(s) + self.host_time(s)
+            return engine + self.host_time(s) + s.load_blocks * self.host_link_s_per_block
+        return engine + self.host_time(s)
 
     def describe(self) -> str:
         h = self.holdout

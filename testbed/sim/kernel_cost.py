@@ -31,6 +31,14 @@ Attention from the batch's sums (BatchShape keeps no per-sequence lengths): the 
 priced as num_prefill_seqs chunks of one length L, chosen so that their causal query-key pairs
 b L (L + 1) / 2 equal the batch's (a chunk at an offset counts its pairs over the cached prefix
 too), i.e. the table's FLOPs match; the decode batch at its mean context length.
+
+Speculative decoding's verify pass (`BatchShape.num_spec_tokens`): the draft tokens are GEMM and LM-head
+rows like any token; their attention is priced as decode attention with one row per query token at its
+own context (`verify_as_decode_rows`). The tables hold one-query decode kernels and prefill kernels with
+no cached prefix, and a verify (1 + k queries over a long cached context) is neither: the prefill table
+would price a short chunk reading little KV, decode rows are exact in FLOPs and read each sequence's KV
+once per query, an upper bound within (1 + k)x of the memory-bound cost, on a term that is small beside
+the weights a low-batch decode step reads.
 """
 from __future__ import annotations
 
@@ -38,7 +46,7 @@ import math
 
 import numpy as np
 
-from testbed.core.cost import BatchShape
+from testbed.core.cost import BatchShape, verify_as_decode_rows
 from testbed.core.specs import WEIGHT_DTYPES, HardwareSpec, ModelSpec, ParallelSpec
 from testbed.sim.kernel_db import KernelDB, KernelDBError
 
@@ -197,7 +205,7 @@ class KernelCostModel:
 
     # ------------------------------------------------------------ the step
     def step_time(self, s: BatchShape) -> float:
-        tokens = s.num_prefill_tokens + s.num_decode_seqs
+        tokens = s.num_prefill_tokens + s.num_decode_seqs + s.num_spec_tokens  # draft tokens: GEMM rows like any
         swap = (s.swap_blocks + s.load_blocks) * self.swap_per_block  # host->device: swap-ins and host-tier loads
         if tokens == 0:
             return self.step_overhead + swap
@@ -209,8 +217,10 @@ class KernelCostModel:
         if s.num_prefill_seqs:
             layer += self.context_attention(s.num_prefill_seqs, s.prefill_attn_pairs)
         if s.num_decode_seqs:
-            layer += self.generation_attention(s.num_decode_seqs, s.decode_kv_tokens)
-        lm = self._lm_head[seqs] if seqs <= self.max_tokens else float(self._lm_head_costs(np.array([seqs]))[0])
+            rows = verify_as_decode_rows(s) if s.num_spec_tokens else s
+            layer += self.generation_attention(rows.num_decode_seqs, rows.decode_kv_tokens)
+        heads = seqs + s.num_spec_tokens  # a verify needs logits at every draft position
+        lm = self._lm_head[heads] if heads <= self.max_tokens else float(self._lm_head_costs(np.array([heads]))[0])
         ends = per_step + lm if self.parallel.pipeline_parallel_size == 1 else max(per_step, lm)
         kernels = self.layers_per_stage * layer + ends
         return (self.kernel_scale * kernels + self.handoff_per_token * tokens + self.handoff_fixed

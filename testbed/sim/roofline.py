@@ -49,6 +49,10 @@ class RooflineCostModel:
     (`HardwareSpec.fp8_flops`) are W8A8 GEMMs at the fp8 rate (vLLM's cutlass scaled_mm); elsewhere,
     and for int4, they are weight-only (Marlin dequantises to bf16) at the bf16 rate. Attention
     computes at the bf16 rate whatever the KV dtype.
+
+    Speculative decoding's verify pass (`BatchShape.num_spec_tokens`): each draft token is one more token
+    through the linear layers and the LM head, with its query-key pairs; the draft model's passes are priced
+    by `testbed.sim.spec_cost`.
     """
 
     name = "roofline"
@@ -110,8 +114,10 @@ class RooflineCostModel:
             experts, k_over_e = self._moe
             weight_bytes += experts * (1 - (1 - k_over_e) ** tokens) * st.expert_weight_bytes
         t_linear = max(linear_flops / self._peak, weight_bytes / self._bw)
-        attn_flops = st.attn_flops_per_pair * (s.prefill_attn_pairs + s.decode_kv_tokens)
-        kv_bytes = st.kv_bytes_per_token * (s.prefill_kv_tokens + s.decode_kv_tokens)
+        # a verify pass's draft queries add their query-key pairs; a sequence's 1 + k queries form one query
+        # block of the attention kernel, so its KV is read once (the drafts' own KV is new)
+        attn_flops = st.attn_flops_per_pair * (s.prefill_attn_pairs + s.decode_kv_tokens + s.spec_kv_tokens)
+        kv_bytes = st.kv_bytes_per_token * (s.prefill_kv_tokens + s.decode_kv_tokens + s.num_spec_tokens)
         t = self._overhead + t_linear + max(attn_flops / self._peak_attn, kv_bytes / self._kv_bw)
         if st.num_allreduces:  # ring all-reduce: each GPU sends and receives 2 (tp-1)/tp of the message
             t += (self._tp_factor * st.allreduce_bytes_per_token * tokens / self._link_bw
@@ -119,10 +125,10 @@ class RooflineCostModel:
         return t
 
     def step_time(self, s: BatchShape) -> float:
-        tokens = s.num_prefill_tokens + s.num_decode_seqs
+        tokens = s.num_prefill_tokens + s.num_decode_seqs + s.num_spec_tokens  # draft tokens go through every layer
         if tokens == 0:
             return self._overhead + (s.swap_blocks + s.load_blocks) * self._swap_bytes_per_block
-        seqs = s.num_prefill_seqs + s.num_decode_seqs
+        seqs = s.num_prefill_seqs + s.num_decode_seqs + s.num_spec_tokens  # LM head rows: a verify needs logits at every draft
         if len(self._stages) == 1:
             t = self._stage_time(self._stages[0], s, tokens, seqs)
         else:

@@ -1,0 +1,71 @@
+"""Speculative decoding from the config: the loop's `Drafter` and the cost model's drafting
+(`spec_decode.*`; the mechanics are testbed/core/spec_decode.py and testbed/sim/spec_cost.py)."""
+from __future__ import annotations
+
+import dataclasses
+from importlib import resources
+from typing import Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from testbed.core.cost import CostModel
+from testbed.core.spec_decode import ACCEPTANCE_DISTS, METHODS, Drafter
+from testbed.core.specs import HardwareSpec, ModelSpec
+from testbed.sim.spec_cost import SpecDecodeCostModel
+
+
+def drafter_factory(cfg: DictConfig) -> Callable[[], Drafter] | None:
+    """A new `Drafter` per loop when spec_decode.method is not none (its values checked now)."""
+    sd = cfg.get("spec_decode")
+    if sd is None:
+        return None
+    if sd.method not in METHODS:
+        raise ValueError(f"spec_decode.method={sd.method!r}: expected one of {', '.join(METHODS)}")
+    if sd.acceptance_dist not in ACCEPTANCE_DISTS:
+        raise ValueError(f"spec_decode.acceptance_dist={sd.acceptance_dist!r}: expected one of {', '.join(ACCEPTANCE_DISTS)}")
+    if sd.method == "none":
+        return None
+    args = (sd.num_speculative_tokens, sd.acceptance_rate, sd.acceptance_dist, sd.acceptance_concentration, cfg.seed)
+    Drafter(*args)
+    return lambda: Drafter(*args)
+
+
+def draft_model_spec(name: str) -> ModelSpec:
+    """A model preset of the package (conf/model/<name>.yaml) as a ModelSpec."""
+    path = resources.files("testbed") / "conf" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        names = sorted(p.name.removesuffix(".yaml") for p in (resources.files("testbed") / "conf" / "model").iterdir()
+                       if p.name.endswith(".yaml"))
+        raise ValueError(f"spec_decode.draft_model={name!r}: no such model preset; expected one of {', '.join(names)}")
+    node = OmegaConf.to_container(OmegaConf.load(str(path)))
+    node.pop("defaults", None)
+    return ModelSpec(**node)
+
+
+def with_spec_decode(cost: CostModel, cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
+    """`cost` with drafting added when spec_decode.method is not none (else `cost` itself)."""
+    sd = cfg.get("spec_decode")
+    if sd is None or sd.method == "none":
+        return cost
+    if sd.method == "ngram":
+        return SpecDecodeCostModel(cost, sd.num_speculative_tokens, host_s=sd.ngram_host_s)
+    if sd.method != "draft":
+        raise ValueError(f"spec_decode.method={sd.method!r}: expected one of none, ngram, draft")
+    draft = draft_model_spec(sd.draft_model)
+    name = cfg.cost_model.name
+    from testbed.app import run  # imported here: run imports this module
+
+    if name == "roofline":
+        from testbed.sim.roofline import RooflineCostModel
+
+        bare = dataclasses.replace(hw, step_overhead_s=0.0, decode_seq_overhead_s=0.0)
+        draft_cost = RooflineCostModel(draft, bare, block_size=cfg.kv.block_size, parallel=run.parallel_spec(cfg))
+    elif name == "kernels":
+        bare_cfg = cfg.copy()
+        bare_cfg.cost_model.step_overhead_s = bare_cfg.cost_model.seq_overhead_s = 0.0
+        draft_cost = run.build_kernel_cost_model(bare_cfg, draft, hw)
+    else:
+        raise ValueError(f"spec_decode.method=draft with cost_model={name}: a profile holds one measured model's "
+                         f"step times, none of the draft {sd.draft_model}'s; use cost_model=roofline or kernels, "
+                         f"or spec_decode.method=ngram")
+    return SpecDecodeCostModel(cost, sd.num_speculative_tokens, draft=draft_cost)
