@@ -238,3 +238,15 @@ def test_the_pool_ratio_search_tries_every_split_and_names_the_best(tmp_path):
     grid = pd.read_csv(out / "sweep_summary.csv")
     assert len(grid) == 3 and set(grid["rate_scale"]) == {2}
     assert "best prefill:decode split" in (out / "table.md").read_text() and "| 1P:2D |" in proc.stdout
+
+
+def test_speculative_decoding_runs_on_the_decode_pool_and_reports_its_figures():
+    plain = simulate(config("trace.max_requests=200", *DISAGG))
+    spec = simulate(config("trace.max_requests=200", *DISAGG, "spec_decode.method=ngram",
+                           "spec_decode.acceptance_rate=1.0", "spec_decode.num_speculative_tokens=3"))
+    accounted(spec, 200)
+    s = spec.summary
+    assert s["spec_decode_method"] == "ngram" and s["spec_num_drafts"] > 0
+    assert 3.5 < s["spec_mean_acceptance_length"] <= 4.0  # every draft accepted: 4 tokens a step (fewer at the end)
+    assert s["mean_tpot_ms"] < plain.summary["mean_tpot_ms"]
+    assert "spec_decode_method" not in plain.summary

@@ -171,6 +171,10 @@ def disagg_results(cfg: DictConfig, cfgs: dict, setups: dict, outcome: DisaggOut
                    frontend=setups["prefill"].frontend.name if clock is not None else "none",
                    router=cfg.router.name if cfg.get("router") is not None else "round_robin")
     summary.update(disagg_summary(cfg, cfgs, setups, outcome, table, link, per_token))
+    if setups["decode"].drafter is not None:
+        from testbed.app.run import spec_summary
+
+        summary.update(spec_summary(cfg, dec.loops))
     return table, summary
 
 

@@ -311,15 +311,21 @@ def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, 
     if setup.offload_blocks:
         summary.update(offload_summary([l.kv for l in loops]))
     if setup.drafter is not None:
-        stats = DraftStats()
-        for l in loops:
-            stats.add(l.drafter.stats)
-        summary.update(spec_decode_method=cfg.spec_decode.method,
-                       num_speculative_tokens=cfg.spec_decode.num_speculative_tokens, **stats.summary())
+        summary.update(spec_summary(cfg, loops))
     rows = len(setup.requests) + len(setup.load_rejects)
     if summary["num_requests"] != rows:
         raise AssertionError(f"accounting broke: {summary['num_requests']} result rows for {rows} trace rows")
     return RunResult(table, steps_frame([l.series for l in loops]), summary, time.perf_counter() - t0)
+
+
+def spec_summary(cfg: DictConfig, loops: list[StepLoop]) -> dict:
+    """Speculative decoding's figures over the loops that drafted (vLLM's names: testbed.core.spec_decode)."""
+    stats = DraftStats()
+    for l in loops:
+        if l.drafter is not None:
+            stats.add(l.drafter.stats)
+    return dict(spec_decode_method=cfg.spec_decode.method,
+                num_speculative_tokens=cfg.spec_decode.num_speculative_tokens, **stats.summary())
 
 
 def offload_summary(kvs: list[OffloadingBlockManager]) -> dict:
