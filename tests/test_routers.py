@@ -224,3 +224,9 @@ def test_prefix_affinity_sends_a_shared_prefix_to_the_replica_whose_cache_holds_
         third = next(s for s in out.loops[1].states if s.req.id == 2)
         assert third.prefix_hit_tokens == 60  # 15 of its 16 four-token blocks (one token left to compute)
         assert math.isfinite(third.finish_time)
+
+
+@pytest.mark.parametrize("name, knob", [("prefix_affinity", "cache_view"), ("power_of_two", "load")])
+def test_a_text_knob_outside_its_choices_is_named(name, knob):
+    with pytest.raises(ValueError, match=rf"router\.{knob}='nearest': expected one of"):
+        make_router(name, **{knob: "nearest"})
