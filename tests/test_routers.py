@@ -4,8 +4,8 @@ behavioural tests of each rule on replicas whose loads and caches are set by han
 The property test replays random small traces (prefix ids and session ids included) on 1-6
 replicas with random knobs inside their declared bounds: every request ends on exactly one
 replica, none is lost or duplicated, the outcomes add up to the trace, and the same seed gives
-the same routing. (An index out of range stops the simulation with an error, so a run that
-completes routed every request validly.) Set PROPERTY_EXAMPLES for a longer search.
+the same routing, and every pick is a valid index, made once per arrival. Set PROPERTY_EXAMPLES
+for a longer search.
 """
 from __future__ import annotations
 
@@ -59,12 +59,25 @@ requests_st = st.lists(
               st.sampled_from(["", "a", "b", "c"])), min_size=1, max_size=16)
 
 
+class Recorded:
+    """A router that records every pick of the router it wraps, with the number of replicas."""
+
+    def __init__(self, router):
+        self.router, self.name, self.picks = router, router.name, []
+
+    def route(self, req, replicas, now):
+        i = self.router.route(req, replicas, now)
+        self.picks.append((req.id, i, len(replicas)))
+        return i
+
+
 def replay(name: str, knobs: dict, reqs: list[Request], replicas: int, num_blocks: int):
     cost = FixedCost(0.01, 0.0005)
+    router = Recorded(make_router(name, **knobs))
     sim = Simulation(reqs, lambda: StepLoop(make_policy("vllm"), BlockManager(num_blocks, 4, True),
                                             SchedulerLimits(64, 4, 10_000), cost),
-                     cost, replicas, make_router(name, **knobs))
-    return sim.run()
+                     cost, replicas, router)
+    return sim.run(), router.picks
 
 
 @pytest.mark.parametrize("name", sorted(load_routers()))
@@ -76,13 +89,16 @@ def test_every_router_accounts_for_every_request_once_and_repeats_itself(name, d
     arrivals = sorted(s[0] for s in specs)
     reqs = [Request(id=i, arrival=t, prompt_len=p, output_len=o, prefix_hashes=h[:-(-p // 8)], prefix_block_tokens=8,
                     session_id=sid) for i, (t, (_, p, o, h, sid)) in enumerate(zip(arrivals, specs))]
-    out = replay(name, knobs, reqs, replicas, num_blocks)
+    out, picks = replay(name, knobs, reqs, replicas, num_blocks)
     assert not out.stalled and not out.not_arrived
+    assert all(type(i) is int and 0 <= i < n for _, i, n in picks)
+    assert [rid for rid, _, _ in picks] == ([r.id for r in reqs] if replicas > 1 else [])  # once per arrival
     placed = [(s.req.id, i) for i, loop in enumerate(out.loops) for s in loop.states]
     assert sorted(rid for rid, _ in placed) == [r.id for r in reqs]  # each on exactly one replica, none lost
     outcomes = Counter(outcome_of(s).value for loop in out.loops for s in loop.states)
     assert sum(outcomes.values()) == len(reqs) and outcomes["unfinished"] == 0
-    again = replay(name, knobs, reqs, replicas, num_blocks)
+    again, picks_again = replay(name, knobs, reqs, replicas, num_blocks)
+    assert picks_again == picks
     assert sorted(placed) == sorted((s.req.id, i) for i, loop in enumerate(again.loops) for s in loop.states)
     assert out.end_time == again.end_time
 
@@ -218,7 +234,7 @@ def test_prefix_affinity_sends_a_shared_prefix_to_the_replica_whose_cache_holds_
     for view in CACHE_VIEWS:
         reqs = [Request(0, 0.0, 64, 2, (1, 2, 3, 4), 16), Request(1, 0.0, 64, 2, (5, 6, 7, 8), 16),
                 Request(2, 5.0, 64, 2, (5, 6, 7, 8), 16)]
-        out = replay("prefix_affinity", {"cache_view": view}, reqs, 2, 64)
+        out, _ = replay("prefix_affinity", {"cache_view": view}, reqs, 2, 64)
         where = {s.req.id: i for i, loop in enumerate(out.loops) for s in loop.states}
         assert where == {0: 0, 1: 1, 2: 1}, view
         third = next(s for s in out.loops[1].states if s.req.id == 2)
