@@ -15,12 +15,16 @@ import os
 from collections import Counter
 
 import pytest
+from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import FixedCost
+from testbed.app.cli import CONF_DIR
 from testbed.app.metrics import outcome_of
 from testbed.app.plugins import load_routers, make_router
+from testbed.app.run import build_router
+from testbed.app.validate import check_config
 from testbed.core.bounds import bounds_of
 from testbed.core.kv import BlockManager
 from testbed.core.loop import SchedulerLimits, StepLoop
@@ -246,3 +250,11 @@ def test_prefix_affinity_sends_a_shared_prefix_to_the_replica_whose_cache_holds_
 def test_a_text_knob_outside_its_choices_is_named(name, knob):
     with pytest.raises(ValueError, match=rf"router\.{knob}='nearest': expected one of"):
         make_router(name, **{knob: "nearest"})
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF_DIR / "router").glob("*.yaml")))
+def test_every_shipped_router_preset_passes_the_config_check_and_builds(preset):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"router={preset}", "backend.replicas=2"])
+    check_config(cfg)
+    assert build_router(cfg).name == cfg.router.name
