@@ -178,3 +178,6 @@ def test_report_series_separate_swept_knobs():
 
     assert _series("+experiment=x policy=edf trace=azure_conv trace.rate_scale=2", "edf") == "edf"
     assert _series("policy.token_budget=128 trace.rate_scale=1", "sarathi") == "sarathi policy.token_budget=128"
+    # an experiment's sub-preset (cluster size with its load) is the x axis, a router its own line
+    assert _series("router=least_kv +experiment/router_mooncake=replicas8 +experiment=router_mooncake",
+                   "vllm") == "vllm router=least_kv"

@@ -311,6 +311,21 @@ def test_table_csv_with_ms_units_and_every_optional_field(tmp_path):
     assert all(r.prefix_block_tokens == 8 for r in load.requests)
 
 
+def test_session_ids_are_read_from_a_mapped_column_and_an_empty_cell_is_no_session(tmp_path):
+    cols = {"arrival": "t", "prompt_len": "p", "output_len": "o"}
+    f = tmp_path / "s.csv"
+    f.write_text("t,p,o,conv\n0,10,5,a\n1,20,6,\n2,30,7,a\n")
+    load = traces.load_table(f, columns=cols | {"session_id": "conv"})
+    assert [r.session_id for r in load.requests] == ["a", "", "a"]
+    assert all(r.session_id == "" for r in traces.load_table(f, columns=cols).requests)
+    jl = tmp_path / "s.jsonl"
+    jl.write_text('{"t": 0, "p": 7, "o": 2, "s": 12}\n{"t": 1, "p": 8, "o": 3, "s": [1]}\n')
+    with pytest.raises(TraceError, match=r"s.jsonl:2: field 's': expected a session id"):
+        traces.load_table(jl, columns=cols | {"session_id": "s"})
+    lenient = traces.load_table(jl, columns=cols | {"session_id": "s"}, lenient=True)
+    assert [r.session_id for r in lenient.requests] == ["12"] and len(lenient.rejected) == 1
+
+
 def test_table_jsonl_units_and_format_inference(tmp_path):
     jl = tmp_path / "t.jsonl"
     jl.write_text('{"t": 1.5, "p": 7, "o": 2, "tenant": 3}\n{"t": 2.5, "p": 8.0, "o": "3", "tenant": "x"}\n')

@@ -25,11 +25,13 @@ from testbed.app.sweep import HEADLINE, write_sweep_table  # noqa: E402
 VS_RATE = [("p50_ttft_ms", "p50 TTFT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"), ("p50_tpot_ms", "p50 TPOT (ms)"),
            ("p99_tpot_ms", "p99 TPOT (ms)"), ("request_goodput", "goodput (req/s)"),
            ("slo_attainment", "SLO attainment")]
+# drawn only where a sweep has them: several replicas (the busiest one's share), prefix reuse
+WHERE_PRESENT = [("prefix_cache_hit_rate", "prefix cache hit rate"), ("routed_max_share", "busiest replica's share")]
 
 
 def _series(overrides: str, policy: str) -> str:
     """The line a job belongs to: its policy, plus any swept knob other than load and trace."""
-    keep = [o for o in overrides.split() if not o.startswith(("trace=", "trace.rate_scale=", "+experiment=",
+    keep = [o for o in overrides.split() if not o.startswith(("trace=", "trace.rate_scale=", "+experiment",
                                                                "policy=", "hydra.", "output."))]
     return " ".join([policy, *keep])
 
@@ -136,6 +138,8 @@ def build_report(sweep_dir: str | Path, rate_scale: float | None = None, out: st
         rate_scale = -1.0  # no per-load CDFs for a capacity sweep
     else:
         images = [(label, _vs_rate(df, m, label, figs / f"{m}_vs_rate.png")) for m, label in VS_RATE if m in df]
+        images += [(label, _vs_rate(df, m, label, figs / f"{m}_vs_rate.png")) for m, label in WHERE_PRESENT
+                   if m in df and df[m].fillna(0).any()]
     if rate_scale is None and "rate_scale" in df:
         scales = sorted(df["rate_scale"].dropna().unique())
         rate_scale = float(scales[len(scales) // 2]) if scales else None

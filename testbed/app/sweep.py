@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 HEADLINE = ["policy", "trace", "rate_scale", "status", "max_rate_scale", "max_request_rate", "offered_request_rate",
             "completed", "rejected", "unfinished", "request_throughput",
             "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
-            "p99_itl_ms", "p99_e2el_ms", "num_preemptions", "request_goodput", "slo_attainment"]
+            "p99_itl_ms", "p99_e2el_ms", "num_preemptions", "request_goodput", "slo_attainment", "router",
+            "routed_max_share"]
 _JOB_FILES = ("summary.json", "capacity.json", FAILED, ".hydra")  # .hydra: Hydra started the job
 
 

@@ -19,6 +19,7 @@ class Request:
     `prefix_block_tokens` tokens each (Mooncake's `hash_ids`, 512 tokens a block): two
     requests whose leading ids are equal share that prefix and can reuse its KV blocks.
     `source` names the file and line the request came from, for error messages.
+    `session_id` groups the turns of one conversation ("" = none), for session-affine routing.
     """
 
     id: int
@@ -31,6 +32,7 @@ class Request:
     priority: int = 0
     slo_class: str = "default"
     source: str = ""
+    session_id: str = ""
 
     @property
     def total_len(self) -> int:

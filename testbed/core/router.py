@@ -73,10 +73,18 @@ class ReplicaView:
     def cached_prefix_tokens(self, req: Request) -> int:
         """Leading prompt tokens of `req` whose KV this replica's prefix cache holds now (0 without
         prefix caching or prefix ids). A lookup only: it moves no block in the cache's eviction order
-        and counts in no hit-rate statistic."""
-        if not self._kv.enable_prefix_caching or not req.prefix_hashes:
+        and counts in no hit-rate statistic. Asking every replica about one request hashes its
+        blocks once (the probe is shared while the same request is asked about)."""
+        kv = self._kv
+        if not kv.enable_prefix_caching or not req.prefix_hashes:
             return 0
-        return self._kv.match_prefix(RequestState(req))  # read-only (BlockManager.match_prefix)
+        probe = _probes.get(kv.block_size)
+        if probe is None or probe.req is not req:
+            probe = _probes[kv.block_size] = RequestState(req)
+        return kv.match_prefix(probe)  # read-only (BlockManager.match_prefix)
+
+
+_probes: dict[int, RequestState] = {}  # block size -> a holder-less state of the request last asked about
 
 
 @runtime_checkable

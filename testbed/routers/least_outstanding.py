@@ -10,6 +10,7 @@ from typing import Sequence
 
 from testbed.core.request import Request
 from testbed.core.router import BaseRouter, ReplicaView, register_router
+from testbed.routers._load import least_outstanding
 
 
 @register_router
@@ -17,4 +18,4 @@ class LeastOutstanding(BaseRouter):
     name = "least_outstanding"
 
     def route(self, req: Request, replicas: Sequence[ReplicaView], now: float) -> int:
-        return min(replicas, key=lambda r: (r.outstanding, r.index)).index
+        return least_outstanding(replicas)

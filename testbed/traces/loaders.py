@@ -30,7 +30,7 @@ Why it is built this way:
   is an error ("goes backwards"), never re-sorted.
 * **One problem per row.** A row is reported once, for its first problem in this order:
   the row itself (not JSON, too many CSV fields), arrival, time order, prompt length,
-  output length, prefix hashes, tenant, priority, SLO class.
+  output length, prefix hashes, tenant, priority, SLO class, session id.
 * **Fast by construction**: pyarrow parses the file, only the mapped columns, and the checks
   are vectorised (numpy, pyarrow.compute); the per-row Python work is building the
   `Request`s. Error messages are made only for bad rows. A million-row Azure CSV loads in
@@ -64,7 +64,7 @@ TABLE_FORMATS = ("csv", "jsonl", "parquet")  # read through a column mapping
 FORMATS = ("azure", "mooncake", *TABLE_FORMATS)
 # time_unit -> divisor to seconds; "datetime" (ISO-8601 strings) is handled apart
 TIME_UNITS = {"s": 1, "ms": 1_000, "us": 1_000_000}
-FIELDS = ("arrival", "prompt_len", "output_len", "prefix_hashes", "tenant", "priority", "slo_class")
+FIELDS = ("arrival", "prompt_len", "output_len", "prefix_hashes", "tenant", "priority", "slo_class", "session_id")
 REQUIRED = ("arrival", "prompt_len", "output_len")
 AZURE_COLUMNS = {"arrival": "TIMESTAMP", "prompt_len": "ContextTokens", "output_len": "GeneratedTokens"}
 MOONCAKE_COLUMNS = {"arrival": "timestamp", "prompt_len": "input_length", "output_len": "output_length",
@@ -174,7 +174,7 @@ def load_table(path: str | os.PathLike, *, columns: Mapping[str, str], time_unit
 
     Fields: ``arrival``, ``prompt_len``, ``output_len`` (required), ``prefix_hashes``,
     ``tenant``, ``priority``, ``slo_class`` (optional; a mapped column must have a value
-    on every row). `time_unit` is ``s``, ``ms`` or ``us`` for numbers, or ``datetime``
+    on every row), ``session_id`` (optional; text or an integer, an empty cell is no session). `time_unit` is ``s``, ``ms`` or ``us`` for numbers, or ``datetime``
     for ISO-8601 strings (``YYYY-MM-DD HH:MM:SS[.fffffffff]``, ``T`` or a space between,
     an optional ``Z`` / ``+HH:MM`` offset, converted to UTC) or a Parquet timestamp column.
     `format` is ``csv``, ``jsonl`` or ``parquet``; by default it follows the extension
@@ -479,6 +479,20 @@ def _check_labels(probs: _Problems, raw: Cells, col: str) -> list[str]:
     return out
 
 
+def _check_sessions(probs: _Problems, raw: Cells, col: str) -> list[str]:
+    """Session ids as text ("" where the cell is empty: a request of no session)."""
+    raw = pylist(raw)
+    out, bad = [], np.zeros(len(raw), dtype=bool)
+    for i, v in enumerate(raw):
+        if type(v) is str or type(v) is int:
+            out.append(str(v).strip())
+        else:
+            out.append("")
+            bad[i] = v is not None
+    probs.add(bad, col, lambda i: f"expected a session id (text or an integer), got {raw[i]!r}")
+    return out
+
+
 # ----------------------------------------------------------------------------- the load
 
 def _check_mapping(columns: Mapping[str, str], time_unit: str) -> dict[str, str]:
@@ -503,8 +517,8 @@ def _roles(cols: dict[str, str]) -> dict[str, set[str]]:
     """Column -> how it is read (number, label, hashes): a JSON reader keeps its cells' types."""
     roles: dict[str, set[str]] = {}
     for key, col in cols.items():
-        roles.setdefault(col, set()).add({"prefix_hashes": "hashes", "tenant": "label", "slo_class": "label"}
-                                         .get(key, "number"))
+        roles.setdefault(col, set()).add({"prefix_hashes": "hashes", "tenant": "label", "slo_class": "label",
+                                          "session_id": "label"}.get(key, "number"))
     return roles
 
 
@@ -575,6 +589,8 @@ def _load_rows(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenie
         extra["priority"] = _check_number(probs, raw.cells(cols["priority"]), cols["priority"], "", None).tolist()
     if "slo_class" in cols:
         extra["slo_class"] = _check_labels(probs, raw.cells(cols["slo_class"]), cols["slo_class"])
+    if "session_id" in cols:
+        extra["session_id"] = _check_sessions(probs, raw.cells(cols["session_id"]), cols["session_id"])
 
     bad = probs.bad
     bad_idx = np.flatnonzero(bad)
@@ -606,7 +622,7 @@ def _load_rows(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenie
         def column(key, default):
             vals = extra.get(key)
             return [vals[i] for i in ids] if vals is not None else [default] * len(ids)
-        requests = [Request(*fields_, s) for *fields_, s in zip(
+        requests = [Request(*fields_) for fields_ in zip(
             *args, column("prefix_hashes", ()), [block_tokens] * len(ids), column("tenant", "default"),
-            column("priority", 0), column("slo_class", "default"), sources)]
+            column("priority", 0), column("slo_class", "default"), sources, column("session_id", ""))]
     return TraceLoad(requests, rejected, where, n)
