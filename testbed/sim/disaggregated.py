@@ -41,7 +41,7 @@ from testbed.core.loop import StepLoop, reject_reason
 from testbed.core.request import Request, RequestState, Status
 from testbed.core.router import ReplicaView, Router
 from testbed.sim.kv_link import KVLink
-from testbed.sim.simulation import _never, _Stopped, gc_paused
+from testbed.sim.simulation import _never, _Stopped, run_until
 
 
 @dataclass
@@ -131,12 +131,7 @@ class DisaggSimulation:
             env.process(self._prefill_server(i))
         for j in range(len(self.decode.loops)):
             env.process(self._decode_server(j))
-        interrupted = False
-        with gc_paused():
-            try:
-                env.run(until=self.horizon_s)
-            except _Stopped:
-                interrupted = True
+        interrupted = run_until(env, self.horizon_s)
         reason = "interrupted" if interrupted else "stalled" if self.stalled else "unfinished at the horizon"
         for loop in self.prefill.loops + self.decode.loops:
             if loop.has_work or loop.receiving:

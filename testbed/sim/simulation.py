@@ -50,6 +50,17 @@ def gc_paused():
             gc.enable()
 
 
+def run_until(env: simpy.Environment, horizon_s: float | None) -> bool:
+    """Run the processes to the horizon (or until none is left), the GC paused; True when a stop
+    request ended it early (`_Stopped` raised at a safe point)."""
+    with gc_paused():
+        try:
+            env.run(until=horizon_s)
+        except _Stopped:
+            return True
+    return False
+
+
 class Simulation:
     def __init__(self, requests: Sequence[Request], make_loop: Callable[[], StepLoop], cost_model: CostModel,
                  replicas: int = 1, router: Router | None = None, horizon_s: float | None = None,
@@ -85,12 +96,7 @@ class Simulation:
         env.process(self._arrivals())
         for i in range(len(self.loops)):
             env.process(self._server(i))
-        interrupted = False
-        with gc_paused():
-            try:
-                env.run(until=self.horizon_s)
-            except _Stopped:
-                interrupted = True
+        interrupted = run_until(env, self.horizon_s)
         reason = "interrupted" if interrupted else "stalled" if self.stalled else "unfinished at the horizon"
         for i in range(len(self.loops)):
             self._release(i)  # held back at the end: delivered, so counted with their replica
