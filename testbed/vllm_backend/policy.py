@@ -45,6 +45,7 @@ class PolicyBridge:
     batch: Batch | None = None
     num_blocks: int = 0
     block_size: int = 0
+    preemptions: dict[int, int] = field(default_factory=dict)  # testbed id -> the loop's preemptions applied in vLLM
 
 
 def swap_knob_problem(knobs: dict, policy: str) -> str:
@@ -75,11 +76,16 @@ def scheduler_class(bridge: PolicyBridge):
             now = bridge.clock() - bridge.t0
             batch = loop.plan(now) if loop.has_work else None
             bridge.batch = batch
-            # the loop's preemptions (this plan's, or an earlier preempt-only plan's), in vLLM
+            # the loop's preemptions (this plan's, or an earlier preempt-only plan's), in vLLM; a request
+            # the loop preempted and re-admitted within one plan (a preempt-only round, then the policy
+            # asked again: Sarathi-Serve's victims) is running again there, so its preemption count tells
             stamp = time.monotonic()
+            seen = bridge.preemptions
             for req in list(self.running):
-                s = loop.live.get(bridge.testbed_id.get(req.request_id, -1))
-                if s is not None and s.status is Status.WAITING:
+                tid = bridge.testbed_id.get(req.request_id, -1)
+                s = loop.live.get(tid)
+                if s is not None and (s.status is Status.WAITING or s.num_preemptions != seen.get(tid, 0)):
+                    seen[tid] = s.num_preemptions
                     self.running.remove(req)
                     self._preempt_request(req, stamp)
             new_reqs, resumed, running = [], [], []
