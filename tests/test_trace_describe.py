@@ -177,10 +177,11 @@ def test_parents_join_requests_without_a_session_id_to_their_roots_session():
     turns = [_Turn(0), _Turn(1, parent_id=0), _Turn(2, parent_id=1),  # a chain without session ids
              _Turn(3), _Turn(4, parent_id=3),
              _Turn(5, session_id="x"), _Turn(6, parent_id=5),  # joins session x
-             _Turn(7)]  # alone: no session
+             _Turn(7),  # alone: no session
+             _Turn(8, parent_id=99), _Turn(9, parent_id=8), _Turn(10, parent_id=99)]  # their first turn was cut off
     s = session_stats(turns)
-    assert s["sessions"] == 3 and s["requests_in_sessions"] == 7 and s["requests_with_parent"] == 4
-    assert s["turns"]["max"] == 3 and s["turns"]["mean"] == pytest.approx(7 / 3)
+    assert s["sessions"] == 4 and s["requests_in_sessions"] == 10 and s["requests_with_parent"] == 7
+    assert s["turns"]["max"] == 3 and s["turns"]["mean"] == pytest.approx(10 / 4)
 
 
 # ----------------------------------------------------------------------------- rejected rows
@@ -262,3 +263,11 @@ def test_bad_config_is_named(tmp_path, args, words):
     proc = _cli(args + [f"output.dir={tmp_path}/x"], cwd=tmp_path)
     assert proc.returncode != 0 and words in proc.stdout + proc.stderr
     assert not (tmp_path / "x" / "description.json").exists()
+
+
+def test_a_sweep_describes_each_trace_and_reports_no_failed_runs(tmp_path):
+    proc = _cli(["describe", "-m", "trace=azure_code,mooncake", "trace.max_requests=200", "output.print_table=false",
+                 f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path)
+    assert proc.returncode == 0 and "failed" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    found = sorted(json.loads(p.read_text())["trace"] for p in (tmp_path / "sweep").glob("*/description.json"))
+    assert found == ["azure_code", "mooncake"]

@@ -202,7 +202,8 @@ def main() -> None:
         sys.exit(0 if args[:1] in (["-h"], ["--help"]) else 2)
     rest = args[1:]
     if not any(a.startswith("hydra.run.dir=") for a in rest):
-        rest = [RUN_DIR, *rest]  # named after the command, not after the default policy a run would use
+        rest = [*rest, RUN_DIR]  # named after the command, not after the default policy a run would use
+    rest.append("~hydra.callbacks.merge_sweep")  # a sweep of descriptions has no run summaries to merge
     sys.argv = [sys.argv[0], *rest]
     COMMANDS[args[0]]()
 

@@ -158,25 +158,28 @@ def _parent(r: Request):
 
 
 def session_keys(requests: Sequence[Request]) -> list[object | None]:
-    """Each request's session: its session id, else its root's (through `parent_id`), else
-    the root's own id when it has descendants; None for a request in no session."""
+    """Each request's session: its session id, else its root's (through `parent_id`), else the
+    root itself when it has descendants; None for a request in no session. A chain whose first
+    turn is not among the requests (a time window cut it off) is rooted at that missing parent."""
     by_id = {r.id: r for r in requests}
     parents = {r.id: _parent(r) for r in requests}
 
     def root(rid):
-        hops = 0
-        while parents.get(rid) is not None and parents[rid] in by_id and hops <= len(by_id):
-            rid, hops = parents[rid], hops + 1  # the hop count stops a cycle in a broken trace
+        for _ in range(len(by_id)):  # at most one hop per request: a cycle in a broken trace stops here
+            parent = parents[rid]
+            if parent is None:
+                break
+            if parent not in by_id:
+                return ("outside", parent)
+            rid = parent
         return rid
 
-    roots = {root(r.id) for r in requests if parents[r.id] is not None}
+    tops = {r.id: root(r.id) for r in requests if parents[r.id] is not None}
+    roots = set(tops.values())
     keys = []
     for r in requests:
-        if r.session_id:
-            keys.append(("session", r.session_id))
-            continue
-        top = root(r.id) if parents[r.id] is not None or r.id in roots else None
-        sid = by_id[top].session_id if top is not None else ""
+        top = tops.get(r.id, r.id if r.id in roots else None)
+        sid = r.session_id or (by_id[top].session_id if top in by_id else "")
         keys.append(("session", sid) if sid else ("root", top) if top is not None else None)
     return keys
 
