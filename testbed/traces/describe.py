@@ -2,10 +2,9 @@
 
 Why: a policy's result on a trace is read against the trace's load shape. Two traces of one
 mean rate load a server very differently when one sends its requests in bursts, and a prefix
-cache can only win what the trace repeats. These are the numbers papers quote to describe a
-workload (BurstGPT and ServeGen report the CV of inter-arrival gaps and per-window rates;
-Mooncake the share of prompt blocks seen before), computed here on the exact request list a
-run would replay, after its transforms. Pure functions of ``list[Request]``; the command that
+cache can only win what the trace repeats. These are the numbers workload characterisations
+quote (ServeGen, for one, publishes rate and the CV of gaps per 600-s window), computed here on
+the exact request list a run would replay, after its transforms. Pure functions of ``list[Request]``; the command that
 loads, prints, plots and writes them is `testbed.app.traces`.
 
 Definitions (each a statement about the requests in arrival order):
