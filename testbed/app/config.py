@@ -27,7 +27,8 @@ class TraceConfig:
     kind=file replays `path` (format azure, mooncake, csv, jsonl or parquet; a .parquet
     suffix reads Parquet, a .gz/.zst/.zstd one decompresses); kind=poisson or
     gamma generates arrivals at `rate` (gamma with burstiness `cv`), with lengths fixed
-    (`prompt_len`, `output_len`) or sampled from the trace at `lengths_from`.
+    (`prompt_len`, `output_len`) or sampled from the trace at `lengths_from`; kind=servegen
+    generates a workload from the ServeGen data folder at `path` (testbed.traces.servegen).
     """
 
     name: str = MISSING
@@ -54,6 +55,13 @@ class TraceConfig:
     rate_scale: float = bounded(1.0, gt=0)
     max_prompt_len: Optional[int] = bounded(None, ge=1)
     max_output_len: Optional[int] = bounded(None, ge=1)
+    # coarse timestamps (traces.spread_arrivals, applied first, before the window): none, uniform or
+    # poisson spreads the requests sharing a time over [t, t + spread_bucket_s) (null: the detected
+    # width), seeded by the run's seed; the summary says so (trace_spread, trace_spread_bucket_s)
+    spread: str = "none"
+    spread_bucket_s: Optional[float] = bounded(None, gt=0)
+    # kind=servegen: every client's rate multiplied by this (ServeGen's rate_fn), windows kept
+    servegen_rate_scale: float = bounded(1.0, gt=0)
 
 
 @dataclass

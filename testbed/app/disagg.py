@@ -86,12 +86,14 @@ def simulate_disagg(cfg: DictConfig, stop: Callable[[], bool] | None = None, mod
     check_disagg(cfg)
     link = KVLink.from_config(cfg.disagg.link)
     model = model or resolve_model_spec(cfg.model)
-    reqs, load_rejects = (requests, []) if requests is not None else build_requests(cfg.trace, cfg.seed)
+    notes: dict = {}
+    reqs, load_rejects = (requests, []) if requests is not None else build_requests(cfg.trace, cfg.seed, notes)
     cfgs, setups = {}, {}
     for name in POOLS:
         try:
             cfgs[name] = pool_config(cfg, name)
             setups[name] = prepare(cfgs[name], model=model, requests=reqs)
+            setups[name].trace_notes.update(notes)
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"disagg.{name}: {e.args[0] if e.args else e}") from None
     frontend = setups["prefill"].frontend
@@ -170,6 +172,7 @@ def disagg_results(cfg: DictConfig, cfgs: dict, setups: dict, outcome: DisaggOut
                    num_events=sum(len(l.series.duration) for l in loops),
                    frontend=setups["prefill"].frontend.name if clock is not None else "none",
                    router=cfg.router.name if cfg.get("router") is not None else "round_robin")
+    summary.update(setups["prefill"].trace_notes)
     summary.update(disagg_summary(cfg, cfgs, setups, outcome, table, link, per_token))
     if setups["decode"].drafter is not None:
         from testbed.app.run import spec_summary

@@ -74,16 +74,30 @@ def parallel_spec(cfg: DictConfig) -> ParallelSpec:
     return _obj(cfg.parallel, ParallelSpec) if cfg.get("parallel") is not None else ParallelSpec()
 
 
-def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple[int, str, str]]]:
-    """The trace's requests after transforms, and the rows the loader rejected (id, source, reason)."""
+def build_requests(tc: DictConfig, seed: int, notes: dict | None = None
+                   ) -> tuple[list[Request], list[tuple[int, str, str]]]:
+    """The trace's requests after transforms, and the rows the loader rejected (id, source, reason).
+    `notes` (when given) receives the summary keys the trace's handling adds (trace_spread)."""
     rejected: list[tuple[int, str, str]] = []
     load = None
     if tc.kind == "file":
         if not tc.path:
-            raise ValueError("trace.path is required when trace.kind=file")
+            raise ValueError(f"trace.path is required when trace.kind=file (trace={tc.name} bundles no file: "
+                             f"pass trace.path=/path/to/the/file; README 'Bundled traces' says where to get it)")
         load = traces.load_trace(tc.path, tc.format, columns=dict(tc.columns) or None,
                                  time_unit=tc.time_unit, lenient=tc.lenient)
         reqs = load.requests
+    elif tc.kind == "servegen":
+        if not tc.path:
+            raise ValueError("trace.path is required when trace.kind=servegen: a ServeGen data folder "
+                             "(chunk-<id>-trace.csv and chunk-<id>-dataset.json per client)")
+        if tc.num_requests is not None:
+            raise ValueError("trace.num_requests does not apply to trace.kind=servegen (the data set the rates): "
+                             "use trace.max_requests, trace.end_s or trace.duration_s")
+        start = tc.start_s or 0.0
+        end = tc.end_s if tc.end_s is not None else start + tc.duration_s if tc.duration_s is not None else None
+        reqs = traces.servegen(traces.resolve_servegen_path(tc.path), seed=seed, start_s=start, end_s=end,
+                               rate_scale=tc.servegen_rate_scale)
     elif tc.kind in ("poisson", "gamma"):
         if tc.lengths_from:
             lengths = traces.load_trace(tc.lengths_from, tc.lengths_format).requests
@@ -96,14 +110,20 @@ def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple
         else:
             reqs = traces.gamma(tc.rate, tc.cv, n=tc.num_requests, duration=tc.duration_s, lengths=lengths, seed=seed)
     else:
-        raise ValueError(f"trace.kind={tc.kind!r}: expected file, poisson or gamma")
+        raise ValueError(f"trace.kind={tc.kind!r}: expected file, poisson, gamma or servegen")
+    if tc.spread != "none":
+        bucket = tc.spread_bucket_s if tc.spread_bucket_s is not None else traces.detect_bucket_s(reqs)
+        reqs = traces.spread_arrivals(reqs, tc.spread, bucket, seed)
+        if notes is not None:
+            notes.update(trace_spread=tc.spread, trace_spread_bucket_s=bucket)
+    loaded = reqs
     if tc.start_s is not None or tc.end_s is not None:
         reqs = traces.time_window(reqs, tc.start_s or 0.0, tc.end_s if tc.end_s is not None else float("inf"))
     if tc.max_requests is not None:
         reqs = traces.first_n(reqs, tc.max_requests)
     if load is not None:  # only the bad rows inside the selection count against it
         rejected = [(r.id, f"{r.file}:{r.line}", f"invalid-row: field {r.field}: {r.reason}") for r in
-                    traces.rejected_in_selection(load.rejected, load.requests, reqs, tc.start_s, tc.end_s)]
+                    traces.rejected_in_selection(load.rejected, loaded, reqs, tc.start_s, tc.end_s)]
     if tc.rate_scale != 1.0:
         reqs = traces.scale_rate(reqs, tc.rate_scale)
     if tc.max_prompt_len is not None or tc.max_output_len is not None:
@@ -251,6 +271,7 @@ class Setup:
     frontend: FrontendConfig = field(default_factory=FrontendConfig)  # none: the engine's own times
     offload_blocks: int = 0  # the host KV tier behind the prefix cache (kv.offload_gb)
     drafter: Callable[[], Drafter] | None = None  # speculative decoding (spec_decode.method); None: off
+    trace_notes: dict = field(default_factory=dict)  # summary keys of the trace's handling (trace_spread)
 
     def make_loop(self, cfg: DictConfig, device_blocks: int | None = None) -> StepLoop:
         args = (device_blocks or self.device_blocks, cfg.kv.block_size, cfg.kv.enable_prefix_caching,
@@ -271,7 +292,8 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
     slo.validate()
     frontend = _obj(cfg.frontend, FrontendConfig) if "frontend" in cfg else FrontendConfig()
     frontend.validate()
-    reqs, load_rejects = (requests, []) if requests is not None else build_requests(cfg.trace, cfg.seed)
+    notes: dict = {}
+    reqs, load_rejects = (requests, []) if requests is not None else build_requests(cfg.trace, cfg.seed, notes)
     drafter = drafter_factory(cfg)
     cost = build_cost_model(cfg, model, hw)
     blocks = device_blocks if device_blocks is not None else device_kv_blocks(cfg, model, hw)
@@ -281,7 +303,7 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
     knobs = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
     make_policy(cfg.policy.name, **knobs)  # fail on bad knobs before anything runs
     return Setup(model, hw, slo, reqs, load_rejects, cost, blocks, host_blocks, limits, knobs, frontend,
-                 offload_kv_blocks(cfg, model), drafter)
+                 offload_kv_blocks(cfg, model), drafter, notes)
 
 def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, t0: float,
            clock: ClientClock | None = None) -> RunResult:
@@ -304,6 +326,7 @@ def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, 
                    num_steps=sum(sum(l.series.steps[:len(l.series.duration)]) for l in loops),
                    num_events=sum(len(l.series.duration) for l in loops),
                    frontend=setup.frontend.name if clock is not None else "none")
+    summary.update(setup.trace_notes)
     if len(loops) > 1:  # which router spread the arrivals, and how evenly
         routed = [len(l.states) for l in loops]
         summary.update(router=cfg.router.name if cfg.get("router") is not None else "round_robin",

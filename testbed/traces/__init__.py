@@ -10,16 +10,21 @@ trace source is a loader here and nothing else. Modules, one job each:
   mapping, with row-exact errors (strict) or an account of every rejected row (lenient);
   relative paths fall back to the bundled traces in ``traces/data/``.
 * `testbed.traces.generators`: Poisson and Gamma arrivals with fixed or trace-sampled lengths.
-* `testbed.traces.transforms`: rate scaling, time windows, first n, length caps, and which
-  rejected rows a selection keeps.
+* `testbed.traces.transforms`: rate scaling, time windows, first n, length caps, spreading
+  coarse timestamps over their buckets, and which rejected rows a selection keeps.
+* `testbed.traces.servegen`: workloads generated from ServeGen's per-client rate, burstiness
+  and length distributions.
 * `testbed.traces.errors`: `TraceError` (file, line, field) and `RejectedRow`.
 """
 from testbed.traces.errors import RejectedRow, TraceError
 from testbed.traces.generators import gamma, poisson
 from testbed.traces.loaders import (DATA_DIR, FORMATS, TIME_UNITS, TraceLoad, bundled_path, bundled_traces, load_azure,
                             load_mooncake, load_table, load_trace, resolve_path)
-from testbed.traces.transforms import cap_lengths, first_n, rejected_in_selection, scale_rate, time_window
+from testbed.traces.servegen import read_servegen, resolve_servegen_path, servegen
+from testbed.traces.transforms import (SPREAD_MODES, cap_lengths, detect_bucket_s, first_n, rejected_in_selection,
+                                       scale_rate, spread_arrivals, time_window)
 
 __all__ = ["RejectedRow", "TraceError", "gamma", "poisson", "DATA_DIR", "FORMATS", "TIME_UNITS", "TraceLoad",
            "bundled_path", "bundled_traces", "load_azure", "load_mooncake", "load_table", "load_trace",
-           "resolve_path", "cap_lengths", "first_n", "rejected_in_selection", "scale_rate", "time_window"]
+           "resolve_path", "cap_lengths", "first_n", "rejected_in_selection", "scale_rate", "time_window",
+           "SPREAD_MODES", "detect_bucket_s", "spread_arrivals", "read_servegen", "resolve_servegen_path", "servegen"]

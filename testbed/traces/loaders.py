@@ -106,7 +106,8 @@ class TraceLoad:
 def bundled_traces() -> list[str]:
     """The trace files shipped in `traces/data/`, as paths relative to it."""
     return sorted(p.relative_to(DATA_DIR).as_posix() for p in DATA_DIR.rglob("*")
-                  if p.is_file() and p.suffix in (".csv", ".jsonl"))
+                  if p.is_file() and p.suffix in (".csv", ".jsonl")
+                  and not p.parent.name.startswith("servegen"))  # ServeGen folders hold distributions, not requests
 
 
 def _not_found(path: Any) -> FileNotFoundError:

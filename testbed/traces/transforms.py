@@ -1,4 +1,5 @@
-"""Reshaping a trace without touching the file: load scaling, time windows, truncation, caps.
+"""Reshaping a trace without touching the file: load scaling, time windows, truncation, caps,
+spreading coarse timestamps.
 
 Why: one recorded trace serves many experiments (twice the load, the busiest ten
 minutes, the first thousand requests, prompts cut to a model's context). Each transform
@@ -14,6 +15,8 @@ import dataclasses
 import math
 from numbers import Integral, Real
 from typing import Sequence
+
+import numpy as np
 
 from testbed.core.request import Request
 from testbed.traces.errors import RejectedRow
@@ -103,4 +106,74 @@ def cap_lengths(requests: Sequence[Request], max_prompt: int | None = None,
             continue
         keep = -(-p // r.prefix_block_tokens)
         out.append(dataclasses.replace(r, prompt_len=p, output_len=o, prefix_hashes=r.prefix_hashes[:keep]))
+    return out
+
+
+SPREAD_MODES = ("none", "uniform", "poisson")
+
+
+def detect_bucket_s(requests: Sequence[Request]) -> float:
+    """The width of a trace's timestamp buckets: the median gap between its distinct arrival times.
+
+    Why the median of the distinct times' gaps: a trace rounded to a grid has its distinct times
+    one grid step apart wherever the load is steady (the Mooncake conversation trace's are
+    0, 3000, 5999, 9000 ms: about 3 s, not exactly), an empty bucket makes one gap of two steps,
+    and the median ignores both such outliers and the grid's jitter. A trace in which no two
+    requests share a time has no buckets to detect: the caller must say the width.
+    """
+    times = sorted({r.arrival for r in requests})
+    if len(times) < 2 or 2 * len(times) > len(requests):
+        raise ValueError(f"spread_arrivals: {len(requests)} requests at {len(times)} distinct times: fewer than two "
+                         f"a time on average (or a single time), so the timestamps do not look coarse and there are "
+                         f"no buckets to detect; give trace.spread_bucket_s to spread them anyway")
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    return float(gaps[(len(gaps) - 1) // 2])
+
+
+def spread_arrivals(requests: Sequence[Request], mode: str, bucket_s: float, seed: int = 0) -> list[Request]:
+    """Spread the requests that share a coarse timestamp over the bucket that timestamp stands for.
+
+    A trace whose times are rounded (the Mooncake conversation trace: about ten requests per
+    3-s stamp) replays as a burst every bucket, a load no server saw. Each distinct time `t`
+    is taken as the start of its bucket ``[t, t + bucket_s)``, cut short at the next distinct
+    time when that comes sooner (a grid with jitter), and its requests are placed in it,
+    in their order in the list (so the trace's order is kept):
+
+    * ``uniform``: evenly, ``t + (i + u) * width / n`` for the i-th of n, one random phase
+      ``u`` per bucket;
+    * ``poisson``: as a Poisson process conditioned on n arrivals in the bucket, which puts
+      them at n sorted independent uniform times (the order-statistics property of the
+      Poisson process);
+    * ``none``: unchanged.
+
+    Every bucket keeps its count and every request stays in its bucket, at or after its
+    recorded time. Draws come from a generator seeded by `seed` (the run's seed).
+    """
+    if mode not in SPREAD_MODES:
+        raise ValueError(f"spread_arrivals: mode={mode!r} (trace.spread) must be one of {', '.join(SPREAD_MODES)}")
+    if mode == "none":
+        return list(requests)
+    if isinstance(bucket_s, bool) or not isinstance(bucket_s, Real) or not (math.isfinite(bucket_s) and bucket_s > 0):
+        raise ValueError(f"spread_arrivals: bucket_s={bucket_s!r} (trace.spread_bucket_s) must be a finite number > 0")
+    times = [r.arrival for r in requests]
+    if any(b < a for a, b in zip(times, times[1:])):
+        raise ValueError("spread_arrivals: the arrivals are not in time order; spread a trace as loaded")
+    rng = np.random.default_rng(seed)
+    out: list[Request] = []
+    i, n_all = 0, len(requests)
+    while i < n_all:
+        t = times[i]
+        j = i
+        while j < n_all and times[j] == t:
+            j += 1
+        width = min(float(bucket_s), times[j] - t) if j < n_all else float(bucket_s)
+        n = j - i
+        if mode == "uniform":
+            offsets = (np.arange(n) + rng.random()) * (width / n)
+        else:
+            offsets = np.sort(rng.random(n)) * width
+        # t + offset < t + width in exact arithmetic; rounding must not reach the next bucket either
+        new = [min(t + float(o), math.nextafter(t + width, -math.inf)) for o in offsets]
+        out.extend(dataclasses.replace(r, arrival=a) for r, a in zip(requests[i:j], new))
+        i = j
     return out
