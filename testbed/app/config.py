@@ -54,6 +54,13 @@ class TraceConfig:
     rate_scale: float = bounded(1.0, gt=0)
     max_prompt_len: Optional[int] = bounded(None, ge=1)
     max_output_len: Optional[int] = bounded(None, ge=1)
+    # multi-turn sessions (requests with a parent, e.g. format=qwen_bailian): "open" = every turn arrives at
+    # its timestamp; "closed" = a turn arrives when its parent finished plus its think time (testbed/sim/sessions.py)
+    session_replay: str = field(default="open", metadata={
+        "sim_only": "the engine replays arrivals at their timestamps; closed-loop release is the simulator's"})
+    # closed loop: the pause between a parent's answer and its next turn when the trace records none
+    # (null: the trace's gap between the two timestamps, which includes the recorded answer time)
+    think_time_s: Optional[float] = bounded(None, ge=0)
 
 
 @dataclass
