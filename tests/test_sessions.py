@@ -15,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from testbed.app.cli import CONF_DIR
 from testbed.app.run import simulate
+from testbed.app.validate import ConfigError, check_config
 from testbed.core.kv import prefix_block_keys
 from testbed.core.request import Request
 from testbed.traces import TraceError, load_trace
@@ -168,13 +169,16 @@ def test_a_turn_of_a_rejected_parent_is_rejected_too(tmp_path):
 
 # ----------------------------------------------------------------------------- replay
 
-@pytest.mark.parametrize("hashes", [False, True])
-def test_later_turns_hit_their_parents_kv(tmp_path, hashes):
+@pytest.mark.parametrize("hashes, decode", [(False, "scheduled"), (True, "scheduled"), (False, "finished"),
+                                           (True, "finished")])
+def test_later_turns_hit_their_parents_kv(tmp_path, hashes, decode):
     """With sessions, turns hit their parent's prompt and answer blocks; stripped of the links
     (every turn a root, the same lengths, times and trace ids), derived ids share nothing and trace
-    ids share the prompts only: the hit rate is clearly lower."""
-    linked = run(write(tmp_path / "linked.jsonl", session_rows(hashes=hashes)))
-    stripped = run(write(tmp_path / "stripped.jsonl", session_rows(hashes=hashes, strip=True)))
+    ids share the prompts only: the hit rate is clearly lower. Decoded blocks are cached when
+    scheduled (vLLM) or when the request finishes (SGLang's radix cache): either way."""
+    linked = run(write(tmp_path / "linked.jsonl", session_rows(hashes=hashes)), f"kv.cache_decode_tokens={decode}")
+    stripped = run(write(tmp_path / "stripped.jsonl", session_rows(hashes=hashes, strip=True)),
+                   f"kv.cache_decode_tokens={decode}")
     hit, base = linked.summary["prefix_cache_hit_rate"], stripped.summary["prefix_cache_hit_rate"]
     assert hit > 0.4 and hit > base + 0.15, (hit, base)
     df = linked.requests
@@ -264,3 +268,12 @@ def test_closed_loop_is_refused_where_it_is_not_modelled(tmp_path):
         run(path, "trace.session_replay=closed", "disagg.enabled=true")
     with pytest.raises(ValueError, match=r"trace.session_replay='sideways': expected one of open, closed"):
         run(path, "trace.session_replay=sideways")
+
+
+def test_the_engine_and_vllm_refuse_closed_loop_replay(tmp_path):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["trace=qwen_bailian", "trace.path=x.jsonl", "trace.session_replay=closed"])
+    check_config(cfg)  # the simulator's
+    for backend in ("engine", "vllm"):
+        with pytest.raises(ConfigError, match=r"trace.session_replay=closed: the simulator's only"):
+            check_config(cfg, backend)

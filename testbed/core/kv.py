@@ -333,6 +333,11 @@ class BlockManager:
         k = state.num_cached_blocks
         if finished and not self.cache_decode and self.enable_prefix_caching and k < PRIVATE:
             # SGLang inserts the whole finished sequence into its tree: its full blocks queue as cached
+            if len(self.prefix_keys(state)) > k:  # shared content decoded (a session's parent: its answer
+                # blocks carry ids its next turn shares): inserted under those keys, so that turn hits them
+                keys = self.prefix_keys(state)
+                self.register(state, min(len(keys), len(blocks), state.num_computed // self.block_size) * self.block_size)
+                k = state.num_cached_blocks
             k = max(k, min(len(blocks), state.num_computed // self.block_size))
         if not state.req.prefix_hashes and k < PRIVATE:
             # the common case, at C speed: nobody else holds its blocks, the first k are cached
