@@ -61,7 +61,7 @@ from testbed.traces.readers import (COMPRESSIONS, ROW, Cells, pylist, read_csv, 
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TABLE_FORMATS = ("csv", "jsonl", "parquet")  # read through a column mapping
-FORMATS = ("azure", "mooncake", "qwen_bailian", *TABLE_FORMATS)
+FORMATS = ("azure", "mooncake", *TABLE_FORMATS, "qwen_bailian")
 FIXED_FORMATS = ("azure", "mooncake", "qwen_bailian")  # schemas fixed by their publishers
 # time_unit -> divisor to seconds; "datetime" (ISO-8601 strings) is handled apart
 TIME_UNITS = {"s": 1, "ms": 1_000, "us": 1_000_000}
