@@ -30,7 +30,7 @@ def session_rows(n_sessions=10, turns=4, hashes=True, strip=False, seed=0, gap=2
     `strip`: every turn a root of its own (parent -1), the same lengths and times."""
     rng = random.Random(seed)
     rows, next_hash = [], [0]
-    chat_ids = rng.sample(range(10_000), n_sessions * turns)  # randomised, as the trace's
+    chat_ids = rng.sample(range(10 * n_sessions * turns), n_sessions * turns)  # randomised, as the trace's
 
     def new_ids(k):
         out = list(range(next_hash[0], next_hash[0] + k))
@@ -277,3 +277,14 @@ def test_the_engine_and_vllm_refuse_closed_loop_replay(tmp_path):
     for backend in ("engine", "vllm"):
         with pytest.raises(ConfigError, match=r"trace.session_replay=closed: the simulator's only"):
             check_config(cfg, backend)
+
+
+@pytest.mark.parametrize("extra", [(), ("backend.async_scheduling=true",), ("trace.think_time_s=0",)])
+def test_closed_loop_fast_forward_is_exact_on_one_replica(tmp_path, extra):
+    """A replica's decode runs end at its first finish, so a turn released by a finish is seen by the
+    next run's planning: merging steps changes no request's times."""
+    path = write(tmp_path / "s.jsonl", session_rows(n_sessions=30, turns=3, hashes=False, gap=3.0, spacing=0.2))
+    merged = run(path, "trace.session_replay=closed", *extra)
+    stepped = run(path, "trace.session_replay=closed", "backend.fast_forward=false", *extra)
+    assert merged.summary["num_events"] < stepped.summary["num_events"]  # it did merge steps
+    assert merged.requests.equals(stepped.requests)
