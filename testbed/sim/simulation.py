@@ -101,7 +101,6 @@ class Simulation:
         self.sessions = sessions  # closed-loop turns (None: every request arrives at its timestamp)
         self._releases: list[float] = []  # closed loop: heap of the times of turns released, not yet arrived
         self._released: dict[int, Request] = {}  # ... those turns, with their release times as arrivals
-        self._replica_of: dict[int, int] = {}  # closed loop: where each parent of held turns went
         if sessions is not None:
             self.requests = sessions.roots
             if replicas > 1:
@@ -203,10 +202,8 @@ class Simulation:
 
     def _arrive(self, i: int, req: Request) -> None:
         s = self.loops[i].arrive(req, self.env.now)
-        if self.sessions is not None and req.id in self.sessions.children:
-            self._replica_of[req.id] = i
-            if s.status is Status.REJECTED:
-                self._reject_turns(i, req.id, s.reject_reason)
+        if self.sessions is not None and s.status is Status.REJECTED and req.id in self.sessions.children:
+            self._reject_turns(i, req.id, s.reject_reason)
 
     def _release(self, i: int) -> None:
         held = self._held[i]
