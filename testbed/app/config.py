@@ -24,7 +24,7 @@ from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
 class TraceConfig:
     """Where requests come from, and how the trace is transformed before replay.
 
-    kind=file replays `path` (format azure, mooncake, csv, jsonl or parquet; a .parquet
+    kind=file replays `path` (format azure, mooncake, qwen_bailian, csv, jsonl or parquet; a .parquet
     suffix reads Parquet, a .gz/.zst/.zstd one decompresses); kind=poisson or
     gamma generates arrivals at `rate` (gamma with burstiness `cv`), with lengths fixed
     (`prompt_len`, `output_len`) or sampled from the trace at `lengths_from`.
