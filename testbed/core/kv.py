@@ -35,9 +35,9 @@ def prefix_block_keys(req: Request, block_size: int) -> tuple[int, ...]:
     if not req.prefix_hashes:
         return ()
     p = req.prefix_block_tokens
-    # more ids than the prompt has blocks: they name the sequence, prompt then output (a session's
-    # parent turn, testbed/traces/sessions.py), so its decoded blocks get shared keys as well
-    hashed = req.prompt_len if len(req.prefix_hashes) * p < req.prompt_len + p else req.prompt_len + req.output_len
+    # ids over the answer too (a session's parent turn, testbed/traces/sessions.py): its decoded
+    # blocks get shared keys as well
+    hashed = req.prompt_len + req.output_len if req.hashes_span_output else req.prompt_len
     covered = min(hashed, len(req.prefix_hashes) * p)
     chain, key = [], 0  # chain[i] names trace blocks 0..i
     for x in req.prefix_hashes[:-(-covered // p)]:

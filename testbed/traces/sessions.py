@@ -23,10 +23,8 @@ The prefix rule (content ids per `block` tokens, as `Request.prefix_hashes`):
   (A reasoning model's ``<think>`` markers are stripped from the next turn's context, so there
   the real cache hits less than this assumes.)
 
-A request that is some turn's parent carries its sequence ids, always more than its prompt has
-blocks (one unused id past the answer's end where the answer alone would not make them more):
-that is how `testbed.core.kv.prefix_block_keys` tells them from prompt ids, and it then keys the
-answer's full blocks too.
+A request that is some turn's parent carries its sequence ids, marked `hashes_span_output`:
+`testbed.core.kv.prefix_block_keys` then keys the answer's full blocks too.
 """
 from __future__ import annotations
 
@@ -153,19 +151,13 @@ def derive_prefixes(requests: list[Request], parent_row: Sequence[int], chat_ids
         child = first_child.get(r.id)
         own = None if child is None else ids if derived else _sequence_ids(r, ids, child, block)
         if own is not None:
-            seq[r.id] = own
-            ids = _spanning(r, own, block)
+            seq[r.id] = ids = own
         else:
             ids = ids[:-(-r.prompt_len // block)]
         out.append(dataclasses.replace(r, prefix_hashes=ids, parent_id=j if parent is not None else -1,
-                                       session_id=r.session_id or str(chat_ids[root[r.id]])))
+                                       session_id=r.session_id or str(chat_ids[root[r.id]]),
+                                       hashes_span_output=own is not None))
     return out
-
-
-def _spanning(r: Request, ids: tuple[int, ...], block: int) -> tuple[int, ...]:
-    """Sequence ids that outnumber the prompt's blocks, as `prefix_block_keys` reads them: when the
-    answer ends before completing a block past the prompt's, one unused id past the answer's end."""
-    return ids if len(ids) * block >= r.prompt_len + block else ids + (fresh_id(r.id, len(ids)),)
 
 
 def _sequence_ids(r: Request, ids: tuple[int, ...], child: Request, block: int) -> tuple[int, ...] | None:
