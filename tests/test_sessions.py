@@ -180,7 +180,9 @@ def test_later_turns_hit_their_parents_kv(tmp_path, hashes, decode):
     stripped = run(write(tmp_path / "stripped.jsonl", session_rows(hashes=hashes, strip=True)),
                    f"kv.cache_decode_tokens={decode}")
     hit, base = linked.summary["prefix_cache_hit_rate"], stripped.summary["prefix_cache_hit_rate"]
-    assert hit > 0.4 and hit > base + 0.15, (hit, base)
+    assert hit > 0.5 and hit > base + 0.1, (hit, base)  # measured: 0.76 vs 0.0 (derived ids) / 0.60 (trace ids)
+    if not hashes:
+        assert base == 0.0
     df = linked.requests
     later = df[df["prompt_len"] > 0]
     load = load_trace(tmp_path / "linked.jsonl", "qwen_bailian")
