@@ -20,8 +20,9 @@ consistent; finished requests keep their results and the rest are marked interru
 Closed-loop sessions (`sessions`, testbed/sim/sessions.py): the arrival process walks only the
 turns that arrive at their timestamps; a turn whose parent is in the run is held until the parent
 finishes (checked after each completed step) and then released by a SimPy timeout of its think
-time. With several replicas, fast-forward is off: a finish on one replica can release an arrival
-into another's decode run, which the run's planned end would not see.
+time. A replica's decode run ends at its own first finish; with several replicas it also ends by
+the end of every other replica's step in flight (a finish there may release a turn to it), so
+merged steps stay exact.
 """
 from __future__ import annotations
 
@@ -101,10 +102,9 @@ class Simulation:
         self.sessions = sessions  # closed-loop turns (None: every request arrives at its timestamp)
         self._releases: list[float] = []  # closed loop: heap of the times of turns released, not yet arrived
         self._released: dict[int, Request] = {}  # ... those turns, with their release times as arrivals
+        self._step_end = [0.0] * replicas  # closed loop: when each replica's step (or run) in flight ends
         if sessions is not None:
             self.requests = sessions.roots
-            if replicas > 1:
-                self.fast_forward = False
 
     def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
         env = self.env
@@ -168,10 +168,13 @@ class Simulation:
                 yield self._idle[i]
                 continue
             self._in_step[i] = True
-            if self.fast_forward and loop.extend_decode_run(batch, step_time, self._next_arrival(), self._horizon):
+            next_arrival = self._next_arrival() if self.sessions is None else self._next_possible_arrival(i)
+            if self.fast_forward and loop.extend_decode_run(batch, step_time, next_arrival, self._horizon):
+                self._step_end[i] = batch.ends[-1]
                 yield env.timeout(batch.ends[-1] - env.now)
             else:
-                yield env.timeout(step_time(batch.shape))
+                self._step_end[i] = env.now + step_time(batch.shape)
+                yield env.timeout(self._step_end[i] - env.now)
             self._in_step[i] = False
             loop.complete(batch, env.now)
             if self.sessions is not None and self.sessions.children:
@@ -184,6 +187,21 @@ class Simulation:
     def _next_arrival(self) -> float:
         t = self.requests[self._delivered].arrival if self._delivered < len(self.requests) else float("inf")
         return min(t, self._releases[0]) if self._releases else t
+
+    def _next_possible_arrival(self, i: int) -> float:
+        """Closed loop: the earliest time a request may reach replica i. Besides the known arrivals,
+        a turn is released no earlier than its parent's finish, which on another replica happens at
+        the end of its step in flight, or (one with work about to plan) from now on."""
+        t = self._next_arrival()
+        if self.sessions.children:
+            now = self.env.now
+            for j, loop in enumerate(self.loops):
+                if j != i:
+                    if self._in_step[j]:
+                        t = min(t, self._step_end[j])
+                    elif loop.has_work:
+                        return now
+        return t
 
     def _no_more_arrivals(self, i: int) -> bool:
         """Nothing can arrive any more: the trace is delivered and (closed loop) no turn is on its way
