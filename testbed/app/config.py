@@ -24,7 +24,7 @@ from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
 class TraceConfig:
     """Where requests come from, and how the trace is transformed before replay.
 
-    kind=file replays `path` (format azure, mooncake, csv, jsonl or parquet; a .parquet
+    kind=file replays `path` (format azure, mooncake, qwen_bailian, csv, jsonl or parquet; a .parquet
     suffix reads Parquet, a .gz/.zst/.zstd one decompresses); kind=poisson or
     gamma generates arrivals at `rate` (gamma with burstiness `cv`), with lengths fixed
     (`prompt_len`, `output_len`) or sampled from the trace at `lengths_from`; kind=servegen
@@ -62,6 +62,13 @@ class TraceConfig:
     spread_bucket_s: Optional[float] = bounded(None, gt=0)
     # kind=servegen: every client's rate multiplied by this (ServeGen's rate_fn), windows kept
     servegen_rate_scale: float = bounded(1.0, gt=0)
+    # multi-turn sessions (requests with a parent, e.g. format=qwen_bailian): "open" = every turn arrives at
+    # its timestamp; "closed" = a turn arrives when its parent finished plus its think time (testbed/sim/sessions.py)
+    session_replay: str = field(default="open", metadata={
+        "sim_only": "the engine replays arrivals at their timestamps; closed-loop release is the simulator's"})
+    # closed loop: the pause between a parent's answer and its next turn when the trace records none
+    # (null: the trace's gap between the two timestamps, which includes the recorded answer time)
+    think_time_s: Optional[float] = bounded(None, ge=0)
 
 
 @dataclass

@@ -58,7 +58,7 @@ def outcome_of(s: RequestState) -> Outcome:
 def request_table(states: list[tuple[int, RequestState]], not_arrived: list[Request],
                   load_rejects: list[tuple[int, str, str]] = (),
                   not_arrived_reason: str = "arrives after the horizon",
-                  clock: ClientClock | None = None) -> pd.DataFrame:
+                  clock: ClientClock | None = None, reasons: dict[int, str] | None = None) -> pd.DataFrame:
     """One row per trace row: served states (with their replica), never-arrived requests,
     and rows the loader rejected (id, source, reason).
 
@@ -66,6 +66,8 @@ def request_table(states: list[tuple[int, RequestState]], not_arrived: list[Requ
     arrival at the server and the front end's delays after the engine (None: no front end).
     `ttft_ms`, `tpot_ms`, `e2el_ms` and `queue_ms` are the client's; the `engine_` columns the
     engine's; `first_scheduled_s`, `first_token_s`, `finish_s` and `token_times` are engine times.
+    `reasons` gives a never-arrived request its own reason (a closed-loop turn whose parent never
+    finished) instead of `not_arrived_reason`.
     """
     token_s, tail_s = (clock.output_token_s, clock.tail_s) if clock is not None else (0.0, 0.0)
     rows = []
@@ -83,7 +85,8 @@ def request_table(states: list[tuple[int, RequestState]], not_arrived: list[Requ
     for r in not_arrived:
         arrival = clock.arrival_s[r.id] if clock is not None else r.arrival
         rows.append((r.id, r.source, -1, arrival, r.prompt_len, r.output_len, r.tenant, r.priority,
-                     Outcome.UNFINISHED.value, not_arrived_reason, 0, 0, 0,
+                     Outcome.UNFINISHED.value, reasons.get(r.id, not_arrived_reason) if reasons else not_arrived_reason,
+                     0, 0, 0,
                      math.nan, math.nan, math.nan, *nan4, r.arrival, (r.arrival - arrival) * 1e3, *nan4, None))
     for rid, source, reason in load_rejects:
         rows.append((rid, source, -1, math.nan, -1, -1, "", 0, Outcome.REJECTED.value, reason, 0, 0, 0,

@@ -32,6 +32,7 @@ from testbed.app.metrics import SLO, request_table, summarize
 from testbed.app.plugins import make_policy, make_router
 from testbed.core.request import Request
 from testbed.app.results import steps_frame
+from testbed.sim.sessions import SESSION_REPLAYS, ClosedLoopSessions
 from testbed.sim.simulation import Simulation, gc_paused
 from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec, apply_config_json, kv_capacity_blocks
 
@@ -314,7 +315,8 @@ def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, 
                          "(the simulator's only): use frontend=none")
     states = [(i, s) for i, loop in enumerate(outcome.loops) for s in loop.states]
     table = request_table(states, outcome.not_arrived, setup.load_rejects,
-                          "interrupted before it arrived" if outcome.interrupted else "arrives after the horizon", clock)
+                          "interrupted before it arrived" if outcome.interrupted else "arrives after the horizon", clock,
+                          outcome.not_arrived_reasons)
     itl = np.concatenate([np.asarray(loop.itl) for loop in outcome.loops]) if outcome.loops else np.empty(0)
     loops = outcome.loops
     summary = summarize(table, itl, setup.slo, (sum(l.kv.hit_tokens for l in loops), sum(l.kv.queried_tokens for l in loops)),
@@ -383,17 +385,38 @@ def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: Mod
     if cfg.backend.name != "sim":
         raise ValueError(f"backend.name={cfg.backend.name!r}: simulate() runs backend=sim")
     if cfg.get("disagg") is not None and cfg.disagg.enabled:  # a prefill pool and a decode pool
+        if cfg.trace.get("session_replay", "open") != "open":
+            raise ValueError("trace.session_replay=closed: the disaggregated simulation (disagg.enabled=true) "
+                             "replays open-loop only; use trace.session_replay=open")
         from testbed.app.disagg import simulate_disagg
 
         return simulate_disagg(cfg, stop, model, requests)
     setup = prepare(cfg, model=model, requests=requests)
     engine_requests, clock = to_engine_queue(setup.requests, setup.frontend)  # the front end delays arrivals
+    sessions = closed_loop_sessions(cfg, setup)
     with progress_bar(cfg, engine_requests) as progress:
         sim = Simulation(engine_requests, lambda: setup.make_loop(cfg), setup.cost, cfg.backend.replicas,
                          build_router(cfg), cfg.backend.horizon_s, cfg.backend.fast_forward, progress,
-                         cfg.backend.async_scheduling)
+                         cfg.backend.async_scheduling, sessions)
         with gc_paused():
-            return finish(cfg, setup, sim.run(stop), "sim", t0, clock)
+            outcome = sim.run(stop)
+            if sessions is not None:  # a turn's arrival is when it was released, not its timestamp
+                clock.arrival_s.update((s.req.id, s.req.arrival) for loop in outcome.loops for s in loop.states)
+                clock.arrival_s.update((r.id, r.arrival) for r in outcome.not_arrived)
+            return finish(cfg, setup, outcome, "sim", t0, clock)
+
+
+def closed_loop_sessions(cfg: DictConfig, setup: Setup):
+    """The turns to hold until their parents finish (trace.session_replay=closed), or None (open)."""
+    mode = cfg.trace.get("session_replay", "open")
+    if mode not in SESSION_REPLAYS:
+        raise ValueError(f"trace.session_replay={mode!r}: expected one of {', '.join(SESSION_REPLAYS)}")
+    if mode == "open":
+        return None
+    if not setup.frontend.is_off:
+        raise ValueError(f"trace.session_replay=closed with frontend={setup.frontend.name}: a turn's release would "
+                         f"need the front end's delays on both sides of the user; use frontend=none")
+    return ClosedLoopSessions(setup.requests, cfg.trace.get("think_time_s"))
 
 
 def replay_on_engine(cfg: DictConfig, stop: Callable[[], bool] | None = None) -> RunResult:

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from testbed.app.config import BackendConfig, DisaggConfig, SpecDecodeConfig, TestbedConfig
+from testbed.app.config import BackendConfig, DisaggConfig, SpecDecodeConfig, TestbedConfig, TraceConfig
 from testbed.app.frontend import FrontendConfig
 from testbed.app.plugins import load_policies, load_routers
 from testbed.core.bounds import bounds_of, range_problem
@@ -106,7 +106,8 @@ def out_of_range(path: str, node: DictConfig, schema: type | None) -> list[str]:
     return out
 
 
-SIM_ONLY_GROUPS = (("backend", BackendConfig, ""), ("frontend", FrontendConfig, " (frontend=none)"),
+SIM_ONLY_GROUPS = (("backend", BackendConfig, ""), ("trace", TraceConfig, ""),
+                   ("frontend", FrontendConfig, " (frontend=none)"),
                    ("disagg", DisaggConfig, ""), ("spec_decode", SpecDecodeConfig, ""))
 
 

@@ -35,7 +35,10 @@ def prefix_block_keys(req: Request, block_size: int) -> tuple[int, ...]:
     if not req.prefix_hashes:
         return ()
     p = req.prefix_block_tokens
-    covered = min(req.prompt_len, len(req.prefix_hashes) * p)
+    # ids over the answer too (a session's parent turn, testbed/traces/sessions.py): its decoded
+    # blocks get shared keys as well
+    hashed = req.prompt_len + req.output_len if req.hashes_span_output else req.prompt_len
+    covered = min(hashed, len(req.prefix_hashes) * p)
     chain, key = [], 0  # chain[i] names trace blocks 0..i
     for x in req.prefix_hashes[:-(-covered // p)]:
         key = hash((key, x))
@@ -330,6 +333,11 @@ class BlockManager:
         k = state.num_cached_blocks
         if finished and not self.cache_decode and self.enable_prefix_caching and k < PRIVATE:
             # SGLang inserts the whole finished sequence into its tree: its full blocks queue as cached
+            if len(self.prefix_keys(state)) > k:  # shared content decoded (a session's parent: its answer
+                # blocks carry ids its next turn shares): inserted under those keys, so that turn hits them
+                keys = self.prefix_keys(state)
+                self.register(state, min(len(keys), len(blocks), state.num_computed // self.block_size) * self.block_size)
+                k = state.num_cached_blocks
             k = max(k, min(len(blocks), state.num_computed // self.block_size))
         if not state.req.prefix_hashes and k < PRIVATE:
             # the common case, at C speed: nobody else holds its blocks, the first k are cached

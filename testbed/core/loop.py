@@ -514,6 +514,7 @@ class ReplayOutcome:
     end_time: float = 0.0
     stalled: bool = False
     interrupted: bool = False
+    not_arrived_reasons: dict[int, str] = field(default_factory=dict)  # id -> why, where not the run's reason
 
 
 def reject_reason(req: Request, max_model_len: int, kv) -> str:

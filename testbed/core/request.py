@@ -20,6 +20,13 @@ class Request:
     requests whose leading ids are equal share that prefix and can reuse its KV blocks.
     `source` names the file and line the request came from, for error messages.
     `session_id` groups the turns of one conversation ("" = none), for session-affine routing.
+    `parent_id` is the id of the request whose prompt and answer this turn's prompt extends (-1:
+    none), `think_time` the trace's recorded pause between the parent's answer and this turn (s;
+    -1: not recorded): closed-loop replay (trace.session_replay=closed) releases a turn only once
+    its parent finished plus that pause (testbed/sim/sessions.py). `hashes_span_output`: the
+    `prefix_hashes` name the whole sequence, prompt then output (a parent whose answer a later turn
+    reads back: testbed/traces/sessions.py), so its decoded blocks are cached under keys that
+    later turn shares; otherwise they name prompt blocks only, and ids past the prompt are ignored.
     """
 
     id: int
@@ -33,6 +40,9 @@ class Request:
     slo_class: str = "default"
     source: str = ""
     session_id: str = ""
+    parent_id: int = -1
+    think_time: float = -1.0
+    hashes_span_output: bool = False
 
     @property
     def total_len(self) -> int:

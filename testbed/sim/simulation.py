@@ -16,19 +16,29 @@ a finished request's one wasted decode in the step already scheduled, is not mod
 `run(stop)` ends early, cleanly, once `stop()` turns true (a signal raised it): the
 processes look at it only between steps and before an arrival, so every request's state is
 consistent; finished requests keep their results and the rest are marked interrupted.
+
+Closed-loop sessions (`sessions`, testbed/sim/sessions.py): the arrival process walks only the
+turns that arrive at their timestamps; a turn whose parent is in the run is held until the parent
+finishes (checked after each completed step) and then released by a SimPy timeout of its think
+time. A replica's decode run ends at its own first finish; with several replicas it also ends by
+the end of every other replica's step in flight (a finish there may release a turn to it), so
+merged steps stay exact.
 """
 from __future__ import annotations
 
 import gc
+import heapq
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import simpy
 
 from testbed.core.cost import CostModel
 from testbed.core.loop import ReplayOutcome, StepLoop
-from testbed.core.request import Request
+from testbed.core.request import Request, RequestState, Status
 from testbed.core.router import ReplicaView, Router
+from testbed.sim.sessions import ClosedLoopSessions
 
 
 class _Stopped(Exception):
@@ -65,7 +75,7 @@ class Simulation:
     def __init__(self, requests: Sequence[Request], make_loop: Callable[[], StepLoop], cost_model: CostModel,
                  replicas: int = 1, router: Router | None = None, horizon_s: float | None = None,
                  fast_forward: bool = True, progress: Callable[[float, int], None] | None = None,
-                 async_scheduling: bool = False):
+                 async_scheduling: bool = False, sessions: ClosedLoopSessions | None = None):
         if replicas < 1:
             raise ValueError(f"sim.replicas={replicas}: must be >= 1")
         if router is None and replicas > 1:
@@ -89,6 +99,12 @@ class Simulation:
         self._arrivals_done = False
         self.stalled = False
         self._stop: Callable[[], bool] = _never
+        self.sessions = sessions  # closed-loop turns (None: every request arrives at its timestamp)
+        self._releases: list[float] = []  # closed loop: heap of the times of turns released, not yet arrived
+        self._released: dict[int, Request] = {}  # ... those turns, with their release times as arrivals
+        self._step_end = [0.0] * replicas  # closed loop: when each replica's step (or run) in flight ends
+        if sessions is not None:
+            self.requests = sessions.roots
 
     def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
         env = self.env
@@ -103,7 +119,15 @@ class Simulation:
         for loop in self.loops:
             if loop.has_work:
                 loop.abandon(reason)
-        return ReplayOutcome(self.loops, list(self.requests[self._delivered:]), env.now, self.stalled, interrupted)
+        not_arrived = list(self.requests[self._delivered:])
+        reasons = {}
+        if self.sessions is not None:
+            not_arrived += self._released.values()
+            for pid, turns in self.sessions.children.items():  # parents that never finished
+                for t in turns:
+                    not_arrived.append(t)
+                    reasons[t.id] = f"parent-unfinished: its parent request {pid} never finished ({reason})"
+        return ReplayOutcome(self.loops, not_arrived, env.now, self.stalled, interrupted, reasons)
 
     # --- processes ----------------------------------------------------------------------
     def _arrivals(self):
@@ -113,12 +137,7 @@ class Simulation:
                 yield env.timeout(req.arrival - env.now)
             if self._stop():
                 raise _Stopped
-            i = self._route(req)
-            if self._in_step[i] and self.async_scheduling:
-                self._held[i].append(req)
-            else:
-                self.loops[i].arrive(req, env.now)
-                self._wake(i)
+            self._deliver(req)
             self._delivered += 1
             if self.progress is not None and not self._delivered & 1023:
                 self.progress(env.now, self._delivered)
@@ -137,33 +156,115 @@ class Simulation:
                 if batch is None:
                     continue
             if batch is None:
-                if self._arrivals_done:
+                if self._no_more_arrivals(i):
                     if loop.has_work:  # work left, nothing scheduled, nothing will ever arrive
                         self.stalled = True
                         loop.abandon(f"stalled: policy {loop.policy_name!r} scheduled nothing and no arrivals were left")
+                    if self.sessions is not None:  # the others may have waited on this one's turns
+                        for j in range(len(self.loops)):
+                            self._wake(j)
                     return
                 self._idle[i] = env.event()
                 yield self._idle[i]
                 continue
             self._in_step[i] = True
-            if self.fast_forward and loop.extend_decode_run(batch, step_time, self._next_arrival(), self._horizon):
+            next_arrival = self._next_arrival() if self.sessions is None else self._next_possible_arrival(i)
+            if self.fast_forward and loop.extend_decode_run(batch, step_time, next_arrival, self._horizon):
+                self._step_end[i] = batch.ends[-1]
                 yield env.timeout(batch.ends[-1] - env.now)
             else:
-                yield env.timeout(step_time(batch.shape))
+                self._step_end[i] = env.now + step_time(batch.shape)
+                yield env.timeout(self._step_end[i] - env.now)
             self._in_step[i] = False
             loop.complete(batch, env.now)
+            if self.sessions is not None and self.sessions.children:
+                self._release_turns(batch)
 
     @property
     def _horizon(self) -> float:
         return self.horizon_s if self.horizon_s is not None else float("inf")
 
     def _next_arrival(self) -> float:
-        return self.requests[self._delivered].arrival if self._delivered < len(self.requests) else float("inf")
+        t = self.requests[self._delivered].arrival if self._delivered < len(self.requests) else float("inf")
+        return min(t, self._releases[0]) if self._releases else t
+
+    def _next_possible_arrival(self, i: int) -> float:
+        """Closed loop: the earliest time a request may reach replica i. Besides the known arrivals,
+        a turn is released no earlier than its parent's finish, which on another replica happens at
+        the end of its step in flight, or (one with work about to plan) from now on."""
+        t = self._next_arrival()
+        if self.sessions.children:
+            now = self.env.now
+            for j, loop in enumerate(self.loops):
+                if j != i:
+                    if self._in_step[j]:
+                        t = min(t, self._step_end[j])
+                    elif loop.has_work:
+                        return now
+        return t
+
+    def _no_more_arrivals(self, i: int) -> bool:
+        """Nothing can arrive any more: the trace is delivered and (closed loop) no turn is on its way
+        and no other replica has work whose finish could release one."""
+        if not self._arrivals_done or self.sessions is None:
+            return self._arrivals_done
+        return not self._releases and not any(loop.has_work for j, loop in enumerate(self.loops) if j != i)
+
+    def _deliver(self, req: Request) -> None:
+        i = self._route(req)
+        if self._in_step[i] and self.async_scheduling:
+            self._held[i].append(req)
+        else:
+            self._arrive(i, req)
+            self._wake(i)
+
+    def _arrive(self, i: int, req: Request) -> None:
+        s = self.loops[i].arrive(req, self.env.now)
+        if self.sessions is not None and s.status is Status.REJECTED and req.id in self.sessions.children:
+            self._reject_turns(i, req.id, s.reject_reason)
 
     def _release(self, i: int) -> None:
-        for req in self._held[i]:
-            self.loops[i].arrive(req, self.env.now)
-        self._held[i].clear()
+        held = self._held[i]
+        if self.sessions is None:
+            for req in held:
+                self.loops[i].arrive(req, self.env.now)
+        else:
+            for req in held:
+                self._arrive(i, req)
+        held.clear()
+
+    # --- closed-loop sessions -----------------------------------------------------------------
+    def _release_turns(self, batch) -> None:
+        """Release the turns of the batch's requests that just finished, after their think time."""
+        sessions, env = self.sessions, self.env
+        for s, _ in batch.items:
+            if s.status is Status.FINISHED and s.req.id in sessions.children:
+                for turn in sessions.take(s.req.id):
+                    at = s.finish_time + sessions.think(turn)
+                    if at <= env.now:
+                        self._deliver(replace(turn, arrival=env.now))
+                        continue
+                    self._released[turn.id] = replace(turn, arrival=at)
+                    heapq.heappush(self._releases, at)
+                    env.timeout(at - env.now).callbacks.append(lambda _, rid=turn.id: self._turn_arrives(rid))
+
+    def _turn_arrives(self, rid: int) -> None:
+        heapq.heappop(self._releases)  # the earliest: timeouts fire in time order
+        turn = self._released.pop(rid)
+        if self._stop():
+            self._released[rid] = turn  # not arrived, as an interrupted arrival process leaves it
+            raise _Stopped
+        self._deliver(replace(turn, arrival=self.env.now))
+
+    def _reject_turns(self, i: int, pid: int, reason: str) -> None:
+        """A parent rejected at arrival: its turns (and theirs) can never come; rejected on its replica."""
+        loop, now = self.loops[i], self.env.now
+        for turn in self.sessions.take(pid):
+            s = RequestState(turn)
+            s.status, s.finish_time = Status.REJECTED, now
+            s.reject_reason = f"parent-rejected: its parent request {pid} was rejected ({reason})"
+            loop.states.append(s)
+            self._reject_turns(i, turn.id, s.reject_reason)
 
     def _wake(self, i: int) -> None:
         ev = self._idle[i]

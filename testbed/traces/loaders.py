@@ -61,7 +61,8 @@ from testbed.traces.readers import (COMPRESSIONS, ROW, Cells, pylist, read_csv, 
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TABLE_FORMATS = ("csv", "jsonl", "parquet")  # read through a column mapping
-FORMATS = ("azure", "mooncake", *TABLE_FORMATS)
+FORMATS = ("azure", "mooncake", *TABLE_FORMATS, "qwen_bailian")
+FIXED_FORMATS = ("azure", "mooncake", "qwen_bailian")  # schemas fixed by their publishers
 # time_unit -> divisor to seconds; "datetime" (ISO-8601 strings) is handled apart
 TIME_UNITS = {"s": 1, "ms": 1_000, "us": 1_000_000}
 FIELDS = ("arrival", "prompt_len", "output_len", "prefix_hashes", "tenant", "priority", "slo_class", "session_id")
@@ -207,17 +208,21 @@ def load_table(path: str | os.PathLike, *, columns: Mapping[str, str], time_unit
 
 def load_trace(path: str | os.PathLike, format: str, *, columns: Mapping[str, str] | None = None,
                time_unit: str = "s", lenient: bool = False) -> TraceLoad:
-    """Load by a format name, as the ``trace`` config group says: ``azure``, ``mooncake``
-    (fixed schemas; their columns may also come in a ``.parquet`` file), ``csv``, ``jsonl``
+    """Load by a format name, as the ``trace`` config group says: ``azure``, ``mooncake``,
+    ``qwen_bailian`` (fixed schemas; their columns may also come in a ``.parquet`` file), ``csv``, ``jsonl``
     or ``parquet`` (through `columns` and `time_unit`). Any of them may be gzip or zstd
     compressed (``.gz``, ``.zst``, ``.zstd``)."""
-    if format in ("azure", "mooncake"):
+    if format in FIXED_FORMATS:
         if columns:
             raise ValueError(f"trace.format={format}: trace.columns applies to {', '.join(TABLE_FORMATS)} only "
                              f"(the {format} schema is fixed)")
         if time_unit != "s":
             raise ValueError(f"trace.format={format}: trace.time_unit applies to {', '.join(TABLE_FORMATS)} only "
                              f"(the {format} schema fixes its time unit)")
+        if format == "qwen_bailian":
+            from testbed.traces.qwen_bailian import load_qwen_bailian  # sessions: a module of its own
+
+            return load_qwen_bailian(path, lenient=lenient)
         return (load_azure if format == "azure" else load_mooncake)(path, lenient=lenient)
     if format in TABLE_FORMATS:
         if not columns:

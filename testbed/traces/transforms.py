@@ -105,7 +105,9 @@ def cap_lengths(requests: Sequence[Request], max_prompt: int | None = None,
             out.append(r)
             continue
         keep = -(-p // r.prefix_block_tokens)
-        out.append(dataclasses.replace(r, prompt_len=p, output_len=o, prefix_hashes=r.prefix_hashes[:keep]))
+        # a session parent's ids over its answer (Request.hashes_span_output) no longer describe it
+        out.append(dataclasses.replace(r, prompt_len=p, output_len=o, prefix_hashes=r.prefix_hashes[:keep],
+                                       hashes_span_output=False))
     return out
 
 
