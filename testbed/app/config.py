@@ -37,6 +37,8 @@ class TraceConfig:
     columns: dict[str, str] = field(default_factory=dict)
     time_unit: str = "s"
     lenient: bool = False
+    # format=burstgpt only: keep the rows with these values, e.g. {Model: GPT-4, Log Type: Conversation log}
+    row_filter: dict[str, str] = field(default_factory=dict)
     # generators
     rate: float = bounded(1.0, gt=0)
     cv: float = bounded(1.0, gt=0)

@@ -80,15 +80,18 @@ def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple
     load = None
     if tc.kind == "file":
         if not tc.path:
-            raise ValueError("trace.path is required when trace.kind=file")
+            raise ValueError(traces.missing_path(tc.format) + " (trace.kind=file)")
         load = traces.load_trace(tc.path, tc.format, columns=dict(tc.columns) or None,
-                                 time_unit=tc.time_unit, lenient=tc.lenient)
+                                 time_unit=tc.time_unit, lenient=tc.lenient, start_s=tc.start_s, end_s=tc.end_s,
+                                 max_requests=tc.max_requests, row_filter=dict(tc.get("row_filter") or {}) or None)
         reqs = load.requests
     elif tc.kind in ("poisson", "gamma"):
         if tc.lengths_from:
-            lengths = traces.load_trace(tc.lengths_from, tc.lengths_format).requests
+            lengths = traces.load_trace(tc.lengths_from, tc.lengths_format, lengths_only=True).requests
         elif tc.prompt_len and tc.output_len:
             lengths = (tc.prompt_len, tc.output_len)
+        elif tc.lengths_format in traces.formats.SOURCES:
+            raise ValueError(traces.missing_path(tc.lengths_format, "trace.lengths_from"))
         else:
             raise ValueError("trace: a generator needs lengths_from, or both prompt_len and output_len")
         if tc.kind == "poisson":
