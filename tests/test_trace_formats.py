@@ -200,7 +200,7 @@ def test_burstgpt_failed_rows_reach_the_run_as_rejected(tmp_path):
     f = write(tmp_path, "BurstGPT_1.csv", BURST_HEADER + BURST_ROWS)
     reqs, rejected = build_requests(trace_cfg(path=str(f), format="burstgpt"), 0)
     assert len(reqs) == 3
-    assert rejected == [(2, "BurstGPT_1.csv:4", "invalid-row: field Response tokens: " + traces.formats.BURSTGPT_FAILED)]
+    assert rejected == [(2, "BurstGPT_1.csv:4", "failed-in-trace: field Response tokens: " + traces.formats.BURSTGPT_FAILED)]
 
 
 def test_burstgpt_sessions_and_row_filter(tmp_path):
@@ -217,6 +217,13 @@ def test_burstgpt_sessions_and_row_filter(tmp_path):
         traces.load_burstgpt(f, row_filter={"Session ID": "s1"})
     with pytest.raises(ValueError, match="format=burstgpt only"):
         traces.load_trace(f, "azure_2024", row_filter={"Model": "GPT-4"})
+
+
+def test_burstgpt_reads_the_session_column_under_either_name(tmp_path):
+    f = write(tmp_path, "b3.csv", "Timestamp,SessionID,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                                  "0,a,ChatGPT,10,5,15,Conversation log\n")
+    assert traces.load_burstgpt(f).requests[0].session_id == "a"
+    assert traces.load_burstgpt(write(tmp_path, "b4.csv", BURST_HEADER + BURST_ROWS)).requests[0].session_id == ""
 
 
 @pytest.mark.parametrize("row, field", [("x,ChatGPT,1,1,2,API log", "Timestamp"), ("9,,1,1,2,API log", "Model"),

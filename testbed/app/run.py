@@ -105,7 +105,7 @@ def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple
     if tc.max_requests is not None:
         reqs = traces.first_n(reqs, tc.max_requests)
     if load is not None:  # only the bad rows inside the selection count against it
-        rejected = [(r.id, f"{r.file}:{r.line}", f"invalid-row: field {r.field}: {r.reason}") for r in
+        rejected = [(r.id, f"{r.file}:{r.line}", f"{_reject_kind(r)}: field {r.field}: {r.reason}") for r in
                     traces.rejected_in_selection(load.rejected, load.requests, reqs, tc.start_s, tc.end_s)]
     if tc.rate_scale != 1.0:
         reqs = traces.scale_rate(reqs, tc.rate_scale)
@@ -114,6 +114,11 @@ def build_requests(tc: DictConfig, seed: int) -> tuple[list[Request], list[tuple
     if not reqs:
         raise ValueError(_nothing_to_simulate(tc, load))
     return reqs, rejected
+
+
+def _reject_kind(row: traces.RejectedRow) -> str:
+    """A request the trace itself records as failed (BurstGPT's 0 response tokens) is no damaged row."""
+    return "failed-in-trace" if row.reason == traces.formats.BURSTGPT_FAILED else "invalid-row"
 
 
 def _nothing_to_simulate(tc: DictConfig, load: traces.TraceLoad | None) -> str:

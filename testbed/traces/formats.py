@@ -293,7 +293,8 @@ def _stream_chunk(p: Path, table: Table, row_base: int, st: _Stream, lenient: bo
     probs.add(missing, "TIMESTAMP", lambda i: "missing value")
     probs.add(~ok, "TIMESTAMP", lambda i: f"unparseable time {value(raw, i)!r} ({_DATETIME_HELP})")
     probs.add(ok & ~aware, "TIMESTAMP", lambda i: f"no UTC offset in {value(raw, i)!r}: this trace writes one on "
-                                                  f"every time (+00:00 or Z), and a time without one is ambiguous")
+                                                  f"every time (+00:00 or Z), and a time without one is ambiguous (the 2023 "
+                                                  f"trace has none: trace.format=azure)")
     valid = ok & aware & ~row_err
     # time order, against the latest valid time before (in this chunk or an earlier one)
     idx = np.flatnonzero(valid)
@@ -331,7 +332,7 @@ def _stream_chunk(p: Path, table: Table, row_base: int, st: _Stream, lenient: bo
     prompt = _check_number(probs, table.cells("ContextTokens"), "ContextTokens", "a prompt", 1)
     output = _check_number(probs, table.cells("GeneratedTokens"), "GeneratedTokens",
                            "the output (a request generates at least one token)", 1)
-    if table.has("NumImages") and "NumImages" in table.columns:
+    if "NumImages" in table.columns:
         _check_number(probs, table.cells("NumImages"), "NumImages", "", 0)
     bad = probs.bad
     good = np.flatnonzero(~bad)  # request rows: valid times, in order, so their arrivals never decrease
@@ -341,7 +342,6 @@ def _stream_chunk(p: Path, table: Table, row_base: int, st: _Stream, lenient: bo
     limit = int(good[stop_k]) if stop_k < len(good) else n  # rows from `limit` on are not read
     nth = -1  # rejects after this row lie after the max_requests-th request
     if st.full:  # the max_requests-th request came before this chunk; the next one decides
-        nth = -1
         if len(good):
             limit = int(good[0])
             st.done = True
@@ -351,9 +351,9 @@ def _stream_chunk(p: Path, table: Table, row_base: int, st: _Stream, lenient: bo
                 return
     else:
         window = good[(ga >= st.start) & (ga < st.end)]
-        room = int(min(st.limit - len(st.requests), len(window) + 1))
+        room = int(min(st.limit - len(st.requests), len(window) + 1))  # >= 1
         take = window[:room]
-        if len(window) > room or len(window) == room and room > 0:
+        if len(window) >= room:  # the max_requests-th request is in this chunk
             nth = int(take[-1])
             if len(window) > room:  # the cut applies: stop right after the last request taken
                 limit, st.done = nth + 1, True
