@@ -24,10 +24,12 @@ from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
 class TraceConfig:
     """Where requests come from, and how the trace is transformed before replay.
 
-    kind=file replays `path` (format azure, mooncake, csv, jsonl or parquet; a .parquet
-    suffix reads Parquet, a .gz/.zst/.zstd one decompresses); kind=poisson or
+    kind=file replays `path` (format azure, mooncake, csv, jsonl or parquet; or a published
+    format by name: azure_2024, azure_multimodal_2025, burstgpt (testbed.traces.formats); a
+    .parquet suffix reads Parquet, a .gz/.zst/.zstd one decompresses); kind=poisson or
     gamma generates arrivals at `rate` (gamma with burstiness `cv`), with lengths fixed
-    (`prompt_len`, `output_len`) or sampled from the trace at `lengths_from`.
+    (`prompt_len`, `output_len`) or sampled from the trace at `lengths_from` (in
+    `lengths_format`; vidur: a length-only set, num_prefill_tokens,num_decode_tokens).
     """
 
     name: str = MISSING
