@@ -24,10 +24,12 @@ from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
 class TraceConfig:
     """Where requests come from, and how the trace is transformed before replay.
 
-    kind=file replays `path` (format azure, mooncake, qwen_bailian, csv, jsonl or parquet; a .parquet
-    suffix reads Parquet, a .gz/.zst/.zstd one decompresses); kind=poisson or
+    kind=file replays `path` (format azure, mooncake, qwen_bailian, csv, jsonl or parquet; or a
+    published format by name: azure_2024, azure_multimodal_2025, burstgpt (testbed.traces.formats); a
+    .parquet suffix reads Parquet, a .gz/.zst/.zstd one decompresses); kind=poisson or
     gamma generates arrivals at `rate` (gamma with burstiness `cv`), with lengths fixed
-    (`prompt_len`, `output_len`) or sampled from the trace at `lengths_from`; kind=servegen
+    (`prompt_len`, `output_len`) or sampled from the trace at `lengths_from` (in
+    `lengths_format`; vidur: a length-only set, num_prefill_tokens,num_decode_tokens); kind=servegen
     generates a workload from the ServeGen data folder at `path` (testbed.traces.servegen).
     """
 
@@ -38,6 +40,8 @@ class TraceConfig:
     columns: dict[str, str] = field(default_factory=dict)
     time_unit: str = "s"
     lenient: bool = False
+    # format=burstgpt only: keep the rows with these values, e.g. {Model: GPT-4, Log Type: Conversation log}
+    row_filter: dict[str, str] = field(default_factory=dict)
     # generators
     rate: float = bounded(1.0, gt=0)
     cv: float = bounded(1.0, gt=0)

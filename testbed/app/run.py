@@ -83,10 +83,13 @@ def build_requests(tc: DictConfig, seed: int, notes: dict | None = None
     load = None
     if tc.kind == "file":
         if not tc.path:
+            if tc.format in traces.formats.SOURCES:
+                raise ValueError(traces.missing_path(tc.format) + " (trace.kind=file)")
             raise ValueError(f"trace.path is required when trace.kind=file (trace={tc.name} bundles no file: "
                              f"pass trace.path=/path/to/the/file; README 'Bundled traces' says where to get it)")
         load = traces.load_trace(tc.path, tc.format, columns=dict(tc.columns) or None,
-                                 time_unit=tc.time_unit, lenient=tc.lenient)
+                                 time_unit=tc.time_unit, lenient=tc.lenient, start_s=tc.start_s, end_s=tc.end_s,
+                                 max_requests=tc.max_requests, row_filter=dict(tc.get("row_filter") or {}) or None)
         reqs = load.requests
     elif tc.kind == "servegen":
         if not tc.path:
@@ -101,9 +104,11 @@ def build_requests(tc: DictConfig, seed: int, notes: dict | None = None
                                rate_scale=tc.servegen_rate_scale)
     elif tc.kind in ("poisson", "gamma"):
         if tc.lengths_from:
-            lengths = traces.load_trace(tc.lengths_from, tc.lengths_format).requests
+            lengths = traces.load_trace(tc.lengths_from, tc.lengths_format, lengths_only=True).requests
         elif tc.prompt_len and tc.output_len:
             lengths = (tc.prompt_len, tc.output_len)
+        elif tc.lengths_format in traces.formats.SOURCES:
+            raise ValueError(traces.missing_path(tc.lengths_format, "trace.lengths_from"))
         else:
             raise ValueError("trace: a generator needs lengths_from, or both prompt_len and output_len")
         if tc.kind == "poisson":
@@ -123,7 +128,7 @@ def build_requests(tc: DictConfig, seed: int, notes: dict | None = None
     if tc.max_requests is not None:
         reqs = traces.first_n(reqs, tc.max_requests)
     if load is not None:  # only the bad rows inside the selection count against it
-        rejected = [(r.id, f"{r.file}:{r.line}", f"invalid-row: field {r.field}: {r.reason}") for r in
+        rejected = [(r.id, f"{r.file}:{r.line}", f"{_reject_kind(r)}: field {r.field}: {r.reason}") for r in
                     traces.rejected_in_selection(load.rejected, loaded, reqs, tc.start_s, tc.end_s)]
     if tc.rate_scale != 1.0:
         reqs = traces.scale_rate(reqs, tc.rate_scale)
@@ -132,6 +137,11 @@ def build_requests(tc: DictConfig, seed: int, notes: dict | None = None
     if not reqs:
         raise ValueError(_nothing_to_simulate(tc, load))
     return reqs, rejected
+
+
+def _reject_kind(row: traces.RejectedRow) -> str:
+    """A request the trace itself records as failed (BurstGPT's 0 response tokens) is no damaged row."""
+    return "failed-in-trace" if row.reason == traces.formats.BURSTGPT_FAILED else "invalid-row"
 
 
 def _nothing_to_simulate(tc: DictConfig, load: traces.TraceLoad | None) -> str:

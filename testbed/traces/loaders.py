@@ -61,7 +61,9 @@ from testbed.traces.readers import (COMPRESSIONS, ROW, Cells, pylist, read_csv, 
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TABLE_FORMATS = ("csv", "jsonl", "parquet")  # read through a column mapping
-FORMATS = ("azure", "mooncake", *TABLE_FORMATS, "qwen_bailian")
+# published formats read by name in testbed.traces.formats (vidur: lengths only, for trace.lengths_from)
+NAMED_FORMATS = ("azure_2024", "azure_multimodal_2025", "burstgpt", "vidur")
+FORMATS = ("azure", "mooncake", *TABLE_FORMATS, "qwen_bailian", *NAMED_FORMATS)
 FIXED_FORMATS = ("azure", "mooncake", "qwen_bailian")  # schemas fixed by their publishers
 # time_unit -> divisor to seconds; "datetime" (ISO-8601 strings) is handled apart
 TIME_UNITS = {"s": 1, "ms": 1_000, "us": 1_000_000}
@@ -207,11 +209,41 @@ def load_table(path: str | os.PathLike, *, columns: Mapping[str, str], time_unit
 
 
 def load_trace(path: str | os.PathLike, format: str, *, columns: Mapping[str, str] | None = None,
-               time_unit: str = "s", lenient: bool = False) -> TraceLoad:
+               time_unit: str = "s", lenient: bool = False, start_s: float | None = None,
+               end_s: float | None = None, max_requests: int | None = None,
+               row_filter: Mapping[str, str] | None = None, lengths_only: bool = False) -> TraceLoad:
     """Load by a format name, as the ``trace`` config group says: ``azure``, ``mooncake``,
     ``qwen_bailian`` (fixed schemas; their columns may also come in a ``.parquet`` file), ``csv``, ``jsonl``
-    or ``parquet`` (through `columns` and `time_unit`). Any of them may be gzip or zstd
-    compressed (``.gz``, ``.zst``, ``.zstd``)."""
+    or ``parquet`` (through `columns` and `time_unit`), or a published format of
+    `testbed.traces.formats` (``azure_2024``, ``azure_multimodal_2025``, ``burstgpt``;
+    ``vidur`` only with `lengths_only`). Any of them may be gzip or zstd compressed (``.gz``,
+    ``.zst``, ``.zstd``).
+
+    `start_s`, `end_s`, `max_requests`: the selection the caller will make (trace.start_s,
+    end_s, max_requests); a streaming loader (azure_2024, azure_multimodal_2025) reads only
+    what it needs for it, the others ignore it (the caller's transforms select). `row_filter`:
+    BurstGPT's Model / Log Type values to keep.
+    """
+    if row_filter and format != "burstgpt":
+        raise ValueError(f"trace.row_filter applies to trace.format=burstgpt only (got format={format})")
+    if format in NAMED_FORMATS:
+        from testbed.traces import formats as named
+
+        if columns:
+            raise ValueError(f"trace.format={format}: trace.columns applies to {', '.join(TABLE_FORMATS)} only "
+                             f"(the {format} schema is fixed)")
+        if time_unit != "s":
+            raise ValueError(f"trace.format={format}: trace.time_unit applies to {', '.join(TABLE_FORMATS)} only "
+                             f"(the {format} schema fixes its time unit)")
+        if format == "vidur":
+            if not lengths_only:
+                raise ValueError("trace.format=vidur has lengths but no arrival times: use it as "
+                                 "trace.lengths_from with trace.lengths_format=vidur and trace.kind=poisson or gamma")
+            return named.load_vidur_lengths(path)
+        if format == "burstgpt":
+            return named.load_burstgpt(path, lenient=lenient, row_filter=row_filter)
+        return named.load_azure_2024(path, lenient=lenient, start_s=start_s, end_s=end_s, max_requests=max_requests,
+                                     multimodal=format == "azure_multimodal_2025")
     if format in FIXED_FORMATS:
         if columns:
             raise ValueError(f"trace.format={format}: trace.columns applies to {', '.join(TABLE_FORMATS)} only "
@@ -529,13 +561,13 @@ def _roles(cols: dict[str, str]) -> dict[str, set[str]]:
 
 
 def _load(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenient: bool, *,
-          delimiter: str = ",", block_tokens: int = 512) -> TraceLoad:
+          delimiter: str = ",", block_tokens: int = 512, failed_output: str | None = None) -> TraceLoad:
     # The load allocates ~10 objects a row and frees none of them until it returns: the cyclic
     # GC's passes over them are pure cost (a third of the time of a 20k-row load), so pause it.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _load_rows(path, fmt, columns, time_unit, lenient, delimiter, block_tokens)
+        return _load_rows(path, fmt, columns, time_unit, lenient, delimiter, block_tokens, failed_output)
     finally:
         if enabled:
             gc.enable()
@@ -543,7 +575,9 @@ def _load(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenient: b
 
 
 def _load_rows(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenient: bool, delimiter: str,
-               block_tokens: int) -> TraceLoad:
+               block_tokens: int, failed_output: str | None = None) -> TraceLoad:
+    """`failed_output`: the reason for a row whose output is exactly 0, where a trace logs a
+    failed request so (BurstGPT): such a row is rejected in strict mode too, never an error."""
     cols = _check_mapping(columns, time_unit)
     if isinstance(block_tokens, bool) or not (isinstance(block_tokens, Integral) and block_tokens >= 1):
         raise ValueError(f"prefix_block_tokens={block_tokens!r}: must be an integer >= 1")
@@ -576,6 +610,9 @@ def _load_rows(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenie
 
     t, t_valid = _check_times(probs, raw.cells(cols["arrival"]), cols["arrival"], time_unit, lines, row_err)
     prompt = _check_number(probs, raw.cells(cols["prompt_len"]), cols["prompt_len"], "a prompt", 1)
+    failed_kind = len(probs.kinds)
+    if failed_output is not None:
+        probs.add(_numbers(raw.cells(cols["output_len"])) == 0, cols["output_len"], lambda i: failed_output)
     output = _check_number(probs, raw.cells(cols["output_len"]), cols["output_len"],
                            "the output (a request generates at least one token)", 1)
     extra: dict[str, list] = {}
@@ -600,8 +637,9 @@ def _load_rows(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenie
 
     bad = probs.bad
     bad_idx = np.flatnonzero(bad)
-    if len(bad_idx) and not lenient:
-        i = int(bad_idx[0])
+    errors = bad_idx if failed_output is None else np.flatnonzero(bad & (probs.first != failed_kind))
+    if len(errors) and not lenient:
+        i = int(errors[0])
         fld, reason = probs.describe(i)
         raise TraceError(where, int(lines[i]), fld, reason)
     # time origin: the first row whose time is valid (row 0 in strict mode)
