@@ -89,8 +89,16 @@ def test_fit_reports_held_out_error_and_names_its_profile(profiled):
     h = m.holdout
     assert h["rows"] == len(read_profile(profiled)[1]) // 5 and set(h["by_kind"]) <= {"prefill", "decode", "mixed", "host"}
     assert all(v >= 0 for v in m.params.values())
-    # a fresh small profile on a noisy machine: loose (measured here: median 2-6%, p95 10-30%)
-    assert h["median_ape"] < 0.25 and h["p95_ape"] < 1.0
+    # a fresh small profile on a noisy machine: loose (measured here: median 2-6%, p95 10-30%). When
+    # another process took the core during many points (even after their retry), the profile measured
+    # the neighbour: the bounds then say nothing of the fit (seen once: median 26% under a busy machine)
+    contended = read_profile(profiled)[1].contended.mean()
+    if contended <= 0.2:
+        assert h["median_ape"] < 0.25 and h["p95_ape"] < 1.0, (h, contended)
+    else:
+        warnings.warn(f"{contended:.0%} of the profile's points lost the core to another process: "
+                      "held-out error bounds not asserted", stacklevel=1)
+    assert math.isfinite(h["median_ape"]) and math.isfinite(h["p95_ape"])
     # monotone where physics says so
     small, big = BatchShape(num_decode_seqs=2, decode_kv_tokens=200), BatchShape(num_decode_seqs=16, decode_kv_tokens=4000)
     assert 0 < m.step_time(small) < m.step_time(big)

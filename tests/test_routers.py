@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import FixedCost
+from conftest import FixedCost, make_loop, make_requests
 from testbed.app.cli import CONF_DIR
 from testbed.app.metrics import outcome_of
 from testbed.app.plugins import load_routers, make_router
@@ -29,6 +29,7 @@ from testbed.core.bounds import bounds_of
 from testbed.core.kv import BlockManager
 from testbed.core.loop import SchedulerLimits, StepLoop
 from testbed.core.request import Request
+from testbed.core.router import ReplicaView
 from testbed.policies import make_policy
 from testbed.routers.power_of_two import LOADS
 from testbed.routers.prefix_affinity import CACHE_VIEWS
@@ -258,3 +259,17 @@ def test_every_shipped_router_preset_passes_the_config_check_and_builds(preset):
         cfg = compose("config", overrides=[f"router={preset}", "backend.replicas=2"])
     check_config(cfg)
     assert build_router(cfg).name == cfg.router.name
+
+
+def test_prefix_affinity_records_a_request_routed_by_load_before_any_lookup():
+    """The first arrival on an imbalanced pool is routed by load alone; its prefix is still recorded
+    (found by the property test: the record had not been sized to the replicas yet)."""
+    r = make_router("prefix_affinity", balance_abs_threshold=0, balance_rel_threshold=1.0)
+    loops = [make_loop(make_policy("vllm")), make_loop(make_policy("vllm"))]
+    loops[0].arrive(make_requests([(0.0, 8, 1)])[0], 0.0)  # replica 0 busier: imbalanced
+    views = [ReplicaView(i, l) for i, l in enumerate(loops)]
+    req = Request(1, 0.0, 8, 1, prefix_hashes=(7,), prefix_block_tokens=8)
+    assert r.route(req, views, 0.0) == 1
+    again = Request(2, 0.0, 8, 1, prefix_hashes=(7,), prefix_block_tokens=8)
+    loops[1].arrive(req, 0.0)  # now balanced; the record sends the shared prefix where it went
+    assert r.route(again, views, 0.0) == 1

@@ -56,8 +56,9 @@ class RoutedPrefixes:
             out.append(min(n * req.prefix_block_tokens, req.prompt_len))
         return out
 
-    def record(self, i: int, req: Request, chain: list[int]) -> None:
+    def record(self, replicas: Sequence[ReplicaView], i: int, req: Request, chain: list[int]) -> None:
         """Remember that replica `i` now holds `req`'s prefix blocks; forget its least recent beyond capacity."""
+        self._ensure(replicas)  # the first request may be routed by load alone, before any lookup
         lru = self._lru[i]
         for key in reversed(chain):
             lru[key] = None

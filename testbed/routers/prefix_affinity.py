@@ -68,7 +68,7 @@ class PrefixAffinity(BaseRouter):
         else:
             i = self._best_match(req, replicas, loads, chain)
         if chain:
-            self._routed.record(i, req, chain)
+            self._routed.record(replicas, i, req, chain)
         return i
 
     def _best_match(self, req: Request, replicas: Sequence[ReplicaView], loads: list[int],
