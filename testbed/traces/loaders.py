@@ -226,15 +226,16 @@ def load_trace(path: str | os.PathLike, format: str, *, columns: Mapping[str, st
     """
     if row_filter and format != "burstgpt":
         raise ValueError(f"trace.row_filter applies to trace.format=burstgpt only (got format={format})")
-    if format in NAMED_FORMATS:
-        from testbed.traces import formats as named
-
+    if format in NAMED_FORMATS or format in FIXED_FORMATS:  # schemas fixed by their publishers
         if columns:
             raise ValueError(f"trace.format={format}: trace.columns applies to {', '.join(TABLE_FORMATS)} only "
                              f"(the {format} schema is fixed)")
         if time_unit != "s":
             raise ValueError(f"trace.format={format}: trace.time_unit applies to {', '.join(TABLE_FORMATS)} only "
                              f"(the {format} schema fixes its time unit)")
+    if format in NAMED_FORMATS:
+        from testbed.traces import formats as named
+
         if format == "vidur":
             if not lengths_only:
                 raise ValueError("trace.format=vidur has lengths but no arrival times: use it as "
@@ -245,12 +246,6 @@ def load_trace(path: str | os.PathLike, format: str, *, columns: Mapping[str, st
         return named.load_azure_2024(path, lenient=lenient, start_s=start_s, end_s=end_s, max_requests=max_requests,
                                      multimodal=format == "azure_multimodal_2025")
     if format in FIXED_FORMATS:
-        if columns:
-            raise ValueError(f"trace.format={format}: trace.columns applies to {', '.join(TABLE_FORMATS)} only "
-                             f"(the {format} schema is fixed)")
-        if time_unit != "s":
-            raise ValueError(f"trace.format={format}: trace.time_unit applies to {', '.join(TABLE_FORMATS)} only "
-                             f"(the {format} schema fixes its time unit)")
         if format == "qwen_bailian":
             from testbed.traces.qwen_bailian import load_qwen_bailian  # sessions: a module of its own
 
