@@ -279,11 +279,7 @@ def _stream_chunk(p: Path, table: Table, row_base: int, st: _Stream, lenient: bo
     if n == 0:
         return
     lines = table.lines
-    probs = _Problems(n)
-    row_err = np.zeros(n, dtype=bool)
-    if table.row_errors:
-        row_err[list(table.row_errors)] = True
-    probs.add(row_err, ROW, lambda i: table.row_errors[i])
+    probs, row_err = _Problems.of_table(table)
     raw = table.cells("TIMESTAMP")
     raw = raw if isinstance(raw, pa.Array) else pa.array(raw, pa.string())
     ns, ok, aware = _zoned_ns(raw)
@@ -465,11 +461,7 @@ def load_vidur_lengths(path: str | os.PathLike) -> TraceLoad:
     n = table.rows
     if n == 0:
         return TraceLoad([], [], str(p), 0)
-    probs = _Problems(n)
-    row_err = np.zeros(n, dtype=bool)
-    if table.row_errors:
-        row_err[list(table.row_errors)] = True
-    probs.add(row_err, ROW, lambda i: table.row_errors[i])
+    probs, _ = _Problems.of_table(table)
     prompt = _check_number(probs, table.cells("num_prefill_tokens"), "num_prefill_tokens", "a prompt", 1)
     output = _check_number(probs, table.cells("num_decode_tokens"), "num_decode_tokens",
                            "the output (a request generates at least one token)", 1)

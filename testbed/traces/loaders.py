@@ -282,6 +282,17 @@ class _Problems:
         fld, reason = self.kinds[self.first[i]]
         return fld, reason(i)
 
+    @classmethod
+    def of_table(cls, table) -> tuple["_Problems", np.ndarray]:
+        """A table's problems seeded with its row-level ones (a field too many or too few), and the
+        mask of those rows, which the column checks then skip."""
+        probs = cls(table.rows)
+        row_err = np.zeros(table.rows, dtype=bool)
+        if table.row_errors:
+            row_err[list(table.row_errors)] = True
+        probs.add(row_err, ROW, lambda i: table.row_errors[i])
+        return probs, row_err
+
 
 def _is_missing(v) -> bool:
     return v is None or (type(v) is str and not v.strip())
@@ -597,11 +608,7 @@ def _load_rows(path, fmt: str, columns: Mapping[str, str], time_unit: str, lenie
         return TraceLoad([], [], where, 0)
 
     lines = raw.lines
-    probs = _Problems(n)
-    row_err = np.zeros(n, dtype=bool)
-    if raw.row_errors:
-        row_err[list(raw.row_errors)] = True
-    probs.add(row_err, ROW, lambda i: raw.row_errors[i])
+    probs, row_err = _Problems.of_table(raw)
 
     t, t_valid = _check_times(probs, raw.cells(cols["arrival"]), cols["arrival"], time_unit, lines, row_err)
     prompt = _check_number(probs, raw.cells(cols["prompt_len"]), cols["prompt_len"], "a prompt", 1)
