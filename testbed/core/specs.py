@@ -30,27 +30,27 @@ KV_CACHE_DTYPES = {"bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5
 KV_CACHE_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
-def weight_dtype_name(value: Optional[str], model_dtype: str) -> str:
-    """The canonical weight format of `model.weight_dtype` (null or "auto": the model's dtype)."""
+def _dtype_name(key: str, value: Optional[str], model_dtype: str, known: dict, aliases: dict, hint: str) -> str:
+    """The canonical name of a dtype key's value (null or "auto": the model's dtype), or an error naming the key."""
     if value is None or value == "auto":
         return model_dtype
-    name = WEIGHT_DTYPE_ALIASES.get(value, value)
-    if name not in WEIGHT_DTYPES:
-        raise ValueError(f"model.weight_dtype={value!r}: expected null, auto or one of "
-                         f"{sorted(WEIGHT_DTYPES) + sorted(WEIGHT_DTYPE_ALIASES)} (fp8: vLLM's --quantization fp8; "
-                         f"int4: AWQ/GPTQ weight-only, group 128)")
+    name = aliases.get(value, value)
+    if name not in known:
+        raise ValueError(f"{key}={value!r}: expected {'null, ' if key.startswith('model') else ''}auto or one of "
+                         f"{sorted(known) + sorted(aliases)} ({hint})")
     return name
+
+
+def weight_dtype_name(value: Optional[str], model_dtype: str) -> str:
+    """The canonical weight format of `model.weight_dtype` (null or "auto": the model's dtype)."""
+    return _dtype_name("model.weight_dtype", value, model_dtype, WEIGHT_DTYPES, WEIGHT_DTYPE_ALIASES,
+                       "fp8: vLLM's --quantization fp8; int4: AWQ/GPTQ weight-only, group 128")
 
 
 def kv_cache_dtype_name(value: Optional[str], model_dtype: str) -> str:
     """The canonical KV-cache dtype of `kv.cache_dtype` ("auto": the model's dtype)."""
-    if value is None or value == "auto":
-        return model_dtype
-    name = KV_CACHE_DTYPE_ALIASES.get(value, value)
-    if name not in KV_CACHE_DTYPES:
-        raise ValueError(f"kv.cache_dtype={value!r}: expected auto or one of "
-                         f"{sorted(KV_CACHE_DTYPES) + sorted(KV_CACHE_DTYPE_ALIASES)} (vLLM's --kv-cache-dtype)")
-    return name
+    return _dtype_name("kv.cache_dtype", value, model_dtype, KV_CACHE_DTYPES, KV_CACHE_DTYPE_ALIASES,
+                       "vLLM's --kv-cache-dtype")
 
 
 @dataclass
