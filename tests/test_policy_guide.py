@@ -32,5 +32,5 @@ def test_readme_policy_runs():
             make_policy("shortest_prompt", max_batch=0)
     finally:
         import testbed.core.policy as P
-        P._REGISTRY.pop("shortest_prompt", None)
+        P._POLICIES._table.pop("shortest_prompt", None)
         sys.modules.pop("readme_policy", None)

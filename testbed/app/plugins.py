@@ -12,6 +12,7 @@ policies/README.md).
 """
 from __future__ import annotations
 
+from importlib import import_module
 from importlib.metadata import entry_points
 
 from testbed.core.policy import Policy, make_policy as _make_policy, registered
@@ -19,23 +20,27 @@ from testbed.core.router import Router, make_router as _make_router, registered_
 
 GROUP = "testbed.policies"
 ROUTER_GROUP = "testbed.routers"
-_loaded = False
-_routers_loaded = False
+_loaded: set[str] = set()  # entry point groups loaded
+
+
+def _load_group(group: str, kind: str) -> None:
+    """Import the bundled package of `group` (its modules register themselves) and every installed
+    plugin declared in that entry point group, once."""
+    if group in _loaded:
+        return
+    import_module(group)
+    for ep in entry_points(group=group):
+        try:
+            ep.load()
+        except Exception as e:  # a broken plugin must say which one it is
+            raise ImportError(f"{kind} plugin {ep.name!r} ({ep.value}, entry point group {group!r}) "
+                              f"failed to load: {e}") from e
+    _loaded.add(group)
 
 
 def load_policies() -> dict[str, type]:
     """Register the bundled policies and every installed plugin's (once); return the registry."""
-    global _loaded
-    if not _loaded:
-        import testbed.policies  # noqa: F401  (importing the package registers the bundled policies)
-
-        for ep in entry_points(group=GROUP):
-            try:
-                ep.load()
-            except Exception as e:  # a broken plugin must say which one it is
-                raise ImportError(f"policy plugin {ep.name!r} ({ep.value}, entry point group {GROUP!r}) "
-                                  f"failed to load: {e}") from e
-        _loaded = True
+    _load_group(GROUP, "policy")
     return registered()
 
 
@@ -48,17 +53,7 @@ def make_policy(name: str, **knobs) -> Policy:
 def load_routers() -> dict[str, type]:
     """Register the bundled routers and every installed plugin's (entry point group
     `testbed.routers`, as for policies); return the registry."""
-    global _routers_loaded
-    if not _routers_loaded:
-        import testbed.routers  # noqa: F401  (importing the package registers the bundled routers)
-
-        for ep in entry_points(group=ROUTER_GROUP):
-            try:
-                ep.load()
-            except Exception as e:
-                raise ImportError(f"router plugin {ep.name!r} ({ep.value}, entry point group {ROUTER_GROUP!r}) "
-                                  f"failed to load: {e}") from e
-        _routers_loaded = True
+    _load_group(ROUTER_GROUP, "router")
     return registered_routers()
 
 

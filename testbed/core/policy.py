@@ -7,11 +7,12 @@ keep its own state (queues, counters) and update it from the `on_arrival` /
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from testbed.core.bounds import check_ranges
 from testbed.core.plan import Plan
+from testbed.core.registry import Registry
 from testbed.core.request import RequestState
 
 if TYPE_CHECKING:
@@ -58,33 +59,21 @@ class BasePolicy:
         pass
 
 
-_REGISTRY: dict[str, type] = {}
+_POLICIES = Registry("policy", "testbed.policies")
 
 
 def register(cls: type) -> type:
     """Class decorator: make a policy selectable as `policy=<cls.name>`."""
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"policy name {cls.name!r} is registered twice ({_REGISTRY[cls.name].__qualname__}, {cls.__qualname__})")
-    _REGISTRY[cls.name] = cls
-    return cls
+    return _POLICIES.register(cls)
 
 
 def registered() -> dict[str, type]:
     """The policies registered so far. The core loads none itself: importing `testbed.policies`
     registers the bundled ones, and the application also loads those of the `testbed.policies`
     entry point group (`testbed.app.plugins`)."""
-    return dict(_REGISTRY)
+    return _POLICIES.registered()
 
 
 def make_policy(name: str, **knobs) -> Policy:
     """Build a registered policy from its name and knob values (unknown knobs are an error)."""
-    table = registered()
-    if name not in table:
-        raise KeyError(f"unknown policy {name!r}; registered: {', '.join(sorted(table)) or 'none'}"
-                       + ("" if table else " (import testbed.policies to register the bundled ones)"))
-    cls = table[name]
-    allowed = {f.name for f in fields(cls.Knobs)}
-    unknown = set(knobs) - allowed
-    if unknown:
-        raise TypeError(f"policy {name!r} has no knob(s) {sorted(unknown)}; its knobs: {sorted(allowed - {'name'})}")
-    return cls(cls.Knobs(**{**knobs, "name": name}))
+    return _POLICIES.make(name, **knobs)

@@ -9,10 +9,11 @@ The core holds the contract and the registry; the bundled routers live in `testb
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 from testbed.core.bounds import check_ranges
+from testbed.core.registry import Registry
 from testbed.core.request import Request, RequestState
 
 if TYPE_CHECKING:
@@ -117,32 +118,19 @@ class BaseRouter:
         raise NotImplementedError
 
 
-_REGISTRY: dict[str, type] = {}
+_ROUTERS = Registry("router", "testbed.routers")
 
 
 def register_router(cls: type) -> type:
     """Class decorator: make a router selectable as `router=<cls.name>`."""
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"router name {cls.name!r} is registered twice ({_REGISTRY[cls.name].__qualname__}, "
-                         f"{cls.__qualname__})")
-    _REGISTRY[cls.name] = cls
-    return cls
+    return _ROUTERS.register(cls)
 
 
 def registered_routers() -> dict[str, type]:
     """The routers registered so far (importing `testbed.routers` registers the bundled ones)."""
-    return dict(_REGISTRY)
+    return _ROUTERS.registered()
 
 
 def make_router(name: str, **knobs) -> Router:
     """Build a registered router from its name and knob values (unknown knobs are an error)."""
-    table = registered_routers()
-    if name not in table:
-        raise KeyError(f"unknown router {name!r}; registered: {', '.join(sorted(table)) or 'none'}"
-                       + ("" if table else " (import testbed.routers to register the bundled ones)"))
-    cls = table[name]
-    allowed = {f.name for f in fields(cls.Knobs)}
-    unknown = set(knobs) - allowed
-    if unknown:
-        raise TypeError(f"router {name!r} has no knob(s) {sorted(unknown)}; its knobs: {sorted(allowed - {'name'})}")
-    return cls(cls.Knobs(**{**knobs, "name": name}))
+    return _ROUTERS.make(name, **knobs)
