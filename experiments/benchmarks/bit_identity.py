@@ -1,0 +1,70 @@
+"""Prove a speed change left every result bit-identical, on the whole traces.
+
+Usage:
+    python experiments/benchmarks/bit_identity.py --record hashes.json [--max-requests N] [--only SUBSTR ...]
+    python experiments/benchmarks/bit_identity.py --check experiments/benchmarks/bit_identity.json
+
+Runs each of `testbed.app.fingerprint.identity_configs` (every policy at 1x and 4x, sixteen replicas at
+16x, Mooncake with prefix ids, sessions, disaggregation, ...) and hashes its summary, per-request and
+per-step tables (`testbed.app.fingerprint`). `--record` writes the hashes; `--check` recomputes them
+and exits 1 naming every configuration and table that differs. The committed
+`bit_identity.json` was recorded before the issue-15 speed work (commit 9ca1dad).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+
+from hydra import compose, initialize_config_dir
+
+from testbed.app.cli import CONF_DIR
+from testbed.app.fingerprint import identity_configs, result_hashes
+from testbed.app.run import simulate
+
+
+def run_hashes(overrides: list[str]) -> dict[str, str]:
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["logger=none", "output.progress=false", *overrides])
+    r = simulate(cfg)
+    return result_hashes(r.summary, r.requests, r.steps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--record", metavar="FILE")
+    mode.add_argument("--check", metavar="FILE")
+    ap.add_argument("--max-requests", type=int, default=None, help="cut every trace (default: whole traces)")
+    ap.add_argument("--only", nargs="*", default=[], help="run only configurations whose name contains one of these")
+    args = ap.parse_args()
+    configs = identity_configs(tempfile.mkdtemp(prefix="bit_identity_"), args.max_requests)
+    if args.only:
+        configs = {n: o for n, o in configs.items() if any(x in n for x in args.only)}
+    expected = json.load(open(args.check)) if args.check else {}
+    got, bad = {}, []
+    for name, overrides in configs.items():
+        t0 = time.perf_counter()
+        got[name] = run_hashes(overrides)
+        diff = [k for k, v in got[name].items() if name in expected and expected[name].get(k) != v]
+        missing = args.check and name not in expected
+        status = "no reference" if missing else ("DIFFERS: " + ", ".join(diff)) if diff else "ok"
+        if diff:
+            bad.append(name)
+        print(f"{name:40s} {time.perf_counter() - t0:7.1f} s  {status}", flush=True)
+    if args.record:
+        with open(args.record, "w") as f:
+            json.dump(got, f, indent=1, sort_keys=True)
+            f.write("\n")
+        print(f"recorded {len(got)} configurations in {args.record}")
+    elif bad:
+        print(f"{len(bad)} of {len(got)} configurations differ: {' '.join(bad)}")
+        sys.exit(1)
+    else:
+        print(f"all {len(got)} configurations bit-identical")
+
+
+if __name__ == "__main__":
+    main()
