@@ -264,7 +264,8 @@ class StepLoop:
             self._drop_admitted_from_waiting(admitted)
         return swap_out, swap_in, admitted
 
-    def extend_decode_run(self, batch: Batch, step_time, next_arrival: float, horizon: float) -> bool:
+    def extend_decode_run(self, batch: Batch, step_time, next_arrival: float, horizon: float,
+                          allocate: bool = True) -> bool:
         """Turn a steady all-decode batch into a run of identical decode steps.
 
         When every running request decodes, nothing was admitted or preempted, and the
@@ -275,6 +276,8 @@ class StepLoop:
         KV growth fits in the free blocks, so every token time, ITL and KV outcome equals
         what step-by-step planning would give. Step end times are summed one step at a
         time, as the clock would. Returns False (a plain step) when there is no run.
+        `allocate=False` checks that the run's KV growth fits but leaves taking the blocks to
+        the caller (testbed/sim/decode_runs.py takes them as the steps are reached).
         """
         items = batch.items
         if (self.drafter is not None or not self._steady or self._is_steady is None or len(items) != len(self.running)
@@ -305,12 +308,14 @@ class StepLoop:
         need = sum(max(0, -(-(s.num_computed + k) // bs) - len(s.blocks)) for s, _ in items)
         if need > kv.num_free_blocks:
             return False
+        batch.ends = ends
+        self.series.steps[-1] = k
+        if not allocate:
+            return True
         for s, _ in items:
             kv.allocate(s, k)
             if kv.cache_decode:
                 kv.register(s, s.num_computed + k)
-        batch.ends = ends
-        self.series.steps[-1] = k
         return True
 
     def complete(self, batch: Batch, now: float) -> None:

@@ -10,7 +10,7 @@ The core holds the contract and the registry; the bundled routers live in `testb
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
 
 from testbed.core.bounds import check_ranges
 from testbed.core.registry import Registry
@@ -26,14 +26,19 @@ class ReplicaView:
     Reads the replica's live loop, so building it costs nothing per arrival. The counts are
     those a real router can know: SGLang's router and llm-d's scorers read the engines'
     running and waiting counts and KV usage from their metrics, and a cache-aware router
-    tracks each replica's cached prefixes."""
+    tracks each replica's cached prefixes.
 
-    __slots__ = ("index", "_loop", "_kv")
+    `settle`, when the simulator sets it, is called before the KV cache is read: a replica in the
+    middle of a fast-forwarded decode run takes the blocks its steps so far would hold
+    (testbed/sim/decode_runs.py)."""
+
+    __slots__ = ("index", "_loop", "_kv", "settle")
 
     def __init__(self, index: int, loop: "StepLoop"):
         self.index = index
         self._loop = loop
         self._kv = loop.kv
+        self.settle: Callable[[], None] | None = None
 
     @property
     def num_waiting(self) -> int:
@@ -56,11 +61,15 @@ class ReplicaView:
 
     @property
     def free_blocks(self) -> int:
+        if self.settle is not None:
+            self.settle()
         return self._kv.num_free_blocks
 
     @property
     def kv_usage(self) -> float:
         """Used share of the device KV blocks (vLLM's `kv_cache_usage` gauge)."""
+        if self.settle is not None:
+            self.settle()
         return self._kv.num_used_blocks / self._kv.num_blocks
 
     @property
@@ -79,6 +88,8 @@ class ReplicaView:
         kv = self._kv
         if not kv.enable_prefix_caching or not req.prefix_hashes:
             return 0
+        if self.settle is not None:
+            self.settle()
         probe = _probes.get(kv.block_size)
         if probe is None or probe.req is not req:
             probe = _probes[kv.block_size] = RequestState(req)

@@ -30,15 +30,20 @@ import gc
 import heapq
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from typing import Callable, Sequence
 
 import simpy
 
 from testbed.core.cost import CostModel
 from testbed.core.loop import ReplayOutcome, StepLoop
+from testbed.core.policy import BasePolicy
 from testbed.core.request import Request, RequestState, Status
 from testbed.core.router import ReplicaView, Router
+from testbed.sim.decode_runs import DeferredRun, DeliveryLog, deferrable
 from testbed.sim.sessions import ClosedLoopSessions
+
+_INF = float("inf")
 
 
 class _Stopped(Exception):
@@ -105,6 +110,17 @@ class Simulation:
         self._step_end = [0.0] * replicas  # closed loop: when each replica's step (or run) in flight ends
         if sessions is not None:
             self.requests = sessions.roots
+        # several replicas, open loop: a replica's decode run is cut only by the arrivals routed to it
+        # (testbed/sim/decode_runs.py); a policy's arrival hook would see the run's progress, so not then
+        self._per_replica = (fast_forward and sessions is None and replicas > 1
+                             and not any(_has_arrival_hook(loop.policy) for loop in self.loops))
+        self._log = DeliveryLog()
+        self._chain = 0  # the delivery whose timeout brought the arrivals being delivered
+        self._runs: list[DeferredRun | None] = [None] * replicas
+        self._run_end: list[simpy.Timeout | None] = [None] * replicas
+        if self._per_replica:
+            for i, view in enumerate(self.views):
+                view.settle = partial(self._settle, i)
 
     def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
         env = self.env
@@ -134,7 +150,11 @@ class Simulation:
         env = self.env
         for req in self.requests:
             if req.arrival > env.now:
-                yield env.timeout(req.arrival - env.now)
+                timeout = env.timeout(req.arrival - env.now)
+                if self._per_replica:
+                    self._order_run_ends(req.arrival, env.now + (req.arrival - env.now))
+                yield timeout
+                self._chain = self._delivered
             if self._stop():
                 raise _Stopped
             self._deliver(req)
@@ -168,6 +188,15 @@ class Simulation:
                 yield self._idle[i]
                 continue
             self._in_step[i] = True
+            if self._per_replica and self._defer_run(i, batch):
+                run = self._runs[i]
+                yield self._run_end[i]  # its last step's end, or (cut) that of the old window in flight
+                run.finish(self._next_arrival())
+                self._runs[i] = self._run_end[i] = None
+                self._in_step[i] = False
+                loop.complete(batch, env.now)
+                run.reorder_gaps(loop.itl)
+                continue
             next_arrival = self._next_arrival() if self.sessions is None else self._next_possible_arrival(i)
             if self.fast_forward and loop.extend_decode_run(batch, step_time, next_arrival, self._horizon):
                 self._step_end[i] = batch.ends[-1]
@@ -211,7 +240,16 @@ class Simulation:
         return not self._releases and not any(loop.has_work for j, loop in enumerate(self.loops) if j != i)
 
     def _deliver(self, req: Request) -> None:
-        i = self._route(req)
+        if self._per_replica:
+            d = self._log.add(req.arrival, self.env.now, self._chain)
+            i = self._route(req)
+            run = self._runs[i]
+            if run is not None:
+                run.catch_up_logged(d)
+                if run.cut():
+                    self._move_run_end(i, run.ends[-1])
+        else:
+            i = self._route(req)
         if self._in_step[i] and self.async_scheduling:
             self._held[i].append(req)
         else:
@@ -232,6 +270,45 @@ class Simulation:
             for req in held:
                 self._arrive(i, req)
         held.clear()
+
+    # --- per-replica decode runs (testbed/sim/decode_runs.py) ----------------------------------
+    def _defer_run(self, i: int, batch) -> bool:
+        """Start a decode run cut only by arrivals routed to replica i, when there is one to defer."""
+        loop = self.loops[i]
+        if not loop.extend_decode_run(batch, self.cost_model.step_time, _INF, self._horizon, allocate=False):
+            return False
+        if not deferrable(batch):
+            batch.ends = None
+            loop.series.steps[-1] = 1
+            return False
+        self._runs[i] = DeferredRun(loop, batch, self._log, self._next_arrival())
+        self._run_end[i] = self.env.timeout(batch.ends[-1] - self.env.now)
+        return True
+
+    def _settle(self, i: int) -> None:
+        """Before the router reads replica i's KV cache: take the blocks its run held at this arrival."""
+        run = self._runs[i]
+        if run is not None:
+            run.catch_up_logged(len(self._log) - 1)
+
+    def _move_run_end(self, i: int, at: float) -> None:
+        """Replica i's run now ends at `at`, and after the events scheduled so far for that time."""
+        now = self.env.now
+        if now + (at - now) != at:  # cannot happen for a deferrable run
+            raise AssertionError(f"replica {i}: the clock cannot land on {at!r} from {now!r}")
+        old, new = self._run_end[i], self.env.timeout(at - now)
+        new.callbacks, old.callbacks = old.callbacks, []
+        self._run_end[i] = new
+
+    def _order_run_ends(self, arrival: float, at: float) -> None:
+        """The next arrival's timeout was just scheduled for `at`: a run ending then whose old last
+        window was planned after the previous arrival ended after this arrival in the old order."""
+        d = self._delivered
+        for i, run in enumerate(self._runs):
+            if run is not None and run.ends[-1] == at:
+                run.catch_up(d, arrival, at, d)
+                if run.planned_at == d:
+                    self._move_run_end(i, at)
 
     # --- closed-loop sessions -----------------------------------------------------------------
     def _release_turns(self, batch) -> None:
@@ -284,3 +361,8 @@ class Simulation:
 
 def _never() -> bool:
     return False
+
+
+def _has_arrival_hook(policy) -> bool:
+    hook = getattr(type(policy), "on_arrival", None)
+    return hook is not None and hook is not BasePolicy.on_arrival

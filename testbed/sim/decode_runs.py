@@ -1,0 +1,195 @@
+"""A replica's decode run cut only by the arrivals routed to it, with the results of one cut by every arrival.
+
+With several replicas the simulator used to end every replica's fast-forwarded decode run at the
+next arrival, wherever the router sent it (the run covered the steps starting before it), and plan
+again: a replica planned once per arrival to any replica, and sixteen replicas planned sixteen
+times as often as one. A `DeferredRun` runs on across arrivals routed elsewhere and ends early only
+when one is routed to its replica, at the end of the step in flight, as before.
+
+Only the event structure may change: every result stays bit-identical to the old one. Three things
+of the old structure are observable, and a `DeferredRun` reproduces each from the old planner's
+rule, replayed over the arrivals delivered while it ran (`DeliveryLog`), without planning:
+- its windows: at the end of each old run the old planner planned again and ran on to the next
+  arrival. The KV blocks a window grows into were taken when it was planned (the plan's blocks for
+  its first step, then the run's for the rest, request by request), so a router reading the cache
+  mid-run (`ReplicaView.settle`) sees the same free blocks and cached prefixes, and the block
+  manager sees the same calls in the same order (`catch_up`);
+- the order of the inter-token gaps: a run appends each request's gaps in turn, window by window;
+  the summary's mean and standard deviation of them sum in that order (`reorder_gaps`);
+- where a cut ends the run: the end of the old window in flight at the arrival (`cut`).
+Ties (a step ending exactly when an arrival comes) are ordered as SimPy ordered the old events:
+by time, then by when each was scheduled.
+
+A run is deferred only where every step end lies within twice its start (Sterbenz: then the
+difference of any two of its times is exact, so a clock moved from any time in the run to any later
+step end lands on it exactly, as the old clock did); earlier in a trace the old bounded run is used.
+"""
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left
+
+from testbed.core.loop import Batch, StepLoop
+
+_INF = float("inf")
+
+
+class DeliveryLog:
+    """The arrivals delivered so far, in order: trace time, clock time, and the delivery whose
+    timeout brought it (arrivals due at one time are delivered in one go after one timeout)."""
+
+    __slots__ = ("arrival", "at", "chain")
+
+    def __init__(self):
+        self.arrival: list[float] = []
+        self.at: list[float] = []
+        self.chain: list[int] = []
+
+    def add(self, arrival: float, at: float, chain: int) -> int:
+        self.arrival.append(arrival)
+        self.at.append(at)
+        self.chain.append(chain)
+        return len(self.arrival) - 1
+
+    def __len__(self) -> int:
+        return len(self.arrival)
+
+
+def deferrable(batch: Batch) -> bool:
+    """Every time of the run lies within twice its start (see the module docstring)."""
+    start = batch.start
+    return start > 0 and batch.ends[-1] <= 2 * start
+
+
+class DeferredRun:
+    """One replica's fast-forwarded decode run (`StepLoop.extend_decode_run(allocate=False)`),
+    its KV taken window by window of the old planner, as the arrivals in `log` are replayed."""
+
+    __slots__ = ("loop", "batch", "ends", "k", "log", "hi", "planned_at", "consumed", "window_ends",
+                 "_items", "_computed", "_heap", "_register")
+
+    def __init__(self, loop: StepLoop, batch: Batch, log: DeliveryLog, next_arrival: float):
+        self.loop, self.batch, self.log = loop, batch, log
+        self.ends = batch.ends
+        self.k = len(self.ends)  # steps the run covers (fewer after a cut)
+        self.hi = -1  # the last step of the windows planned so far
+        self.planned_at = len(log)  # deliveries made when the window in flight was planned
+        self.consumed = len(log)  # deliveries replayed so far
+        self.window_ends: list[int] = []
+        kv = loop.kv
+        self._items = [s for s, _ in batch.items]
+        self._computed = [s.num_computed for s in self._items]  # until the run completes
+        self._register = kv.cache_decode and kv.enable_prefix_caching
+        self._heap = [(self._next_call(j), j) for j in range(len(self._items))]
+        heapq.heapify(self._heap)
+        self._plan(0, next_arrival, len(log), first_step_taken=True)
+
+    # --- the old planner, replayed ----------------------------------------------------------
+    def catch_up(self, delivery: int, arrival: float, at: float, chain: int) -> None:
+        """Plan the windows the old planner planned before `delivery` (trace time `arrival`, due at
+        clock time `at`, brought by delivery `chain`'s timeout), replaying the deliveries before it."""
+        log = self.log
+        while self.consumed < delivery:
+            d = self.consumed
+            self._windows_before(log.arrival[d], log.at[d], log.chain[d], d)
+            self.consumed = d + 1
+        self._windows_before(arrival, at, chain, delivery)
+
+    def catch_up_logged(self, delivery: int) -> None:
+        log = self.log
+        self.catch_up(delivery, log.arrival[delivery], log.at[delivery], log.chain[delivery])
+
+    def _windows_before(self, arrival: float, at: float, chain: int, delivery: int) -> None:
+        """Plan windows while the one in flight ends before the delivery (on a tie: when it was
+        planned before the delivery's timeout was scheduled, at delivery `chain` - 1)."""
+        ends, last = self.ends, self.k - 1
+        while self.hi < last:
+            end = ends[self.hi]
+            if end < at or (end == at and self.planned_at < chain):
+                self._plan(self.hi + 1, arrival, delivery)
+            else:
+                return
+
+    def _plan(self, first: int, next_arrival: float, delivery: int, first_step_taken: bool = False) -> None:
+        """The old planner at the start of step `first`: a run over the steps that start before the
+        next arrival (`extend_decode_run`), or one plain step when that is one step or its clock
+        would not land exactly on its end."""
+        ends = self.ends
+        last = bisect_left(ends, next_arrival, first, self.k - 1)  # steps first+1..last start before it
+        if last > first:
+            start = ends[first - 1] if first else self.batch.start
+            if start + (ends[last] - start) != ends[last]:
+                last = first
+        if not first_step_taken:
+            self._take(first)  # the plan's blocks for its step
+        if last > first:
+            self._take(last)  # the run's, for the rest
+        self.window_ends.append(last)
+        self.hi = last
+        self.planned_at = delivery
+
+    def finish(self, next_arrival: float) -> None:
+        """At the run's end: plan the windows after the last delivery, to its last step."""
+        self.catch_up(len(self.log), next_arrival, _INF, len(self.log))
+
+    def cut(self) -> bool:
+        """End the run with the window in flight (after `catch_up` to the arrival routed here);
+        True when that shortens it."""
+        if self.hi >= self.k - 1:
+            return False
+        self.k = self.hi + 1
+        del self.ends[self.k:]
+        self.loop.series.steps[-1] = self.k
+        return True
+
+    # --- KV: the old calls, only those that change something -----------------------------------
+    def _next_call(self, j: int) -> int:
+        """The first step whose KV call changes something for request j: its tokens through that
+        step outgrow its blocks, or (decode tokens cached when scheduled) fill one more block."""
+        s, bs, nc = self._items[j], self.loop.kv.block_size, self._computed[j]
+        step = len(s.blocks) * bs - nc
+        if self._register:
+            step = min(step, (s.num_cached_blocks + 1) * bs - nc - 1)
+        return step
+
+    def _take(self, step: int) -> None:
+        """Allocate (and register) every request's KV through `step`, in batch order, as one pass
+        of the old `StepLoop._apply` or `extend_decode_run` did; calls that change nothing are skipped."""
+        heap = self._heap
+        if not heap or heap[0][0] > step:
+            return
+        due = []
+        while heap and heap[0][0] <= step:
+            due.append(heapq.heappop(heap)[1])
+        due.sort()
+        kv, items, computed = self.loop.kv, self._items, self._computed
+        for j in due:
+            s = items[j]
+            kv.allocate(s, step + 1)  # num_computed is the run's start until it completes
+            if self._register:
+                kv.register(s, computed[j] + step + 1)
+            heapq.heappush(heap, (self._next_call(j), j))
+
+    # --- the inter-token gaps -------------------------------------------------------------------
+    def reorder_gaps(self, itl) -> None:
+        """After `StepLoop.complete`: put the run's gaps (appended request by request over the whole
+        run) in the old order, request by request within each window."""
+        windows = self.window_ends
+        if len(windows) < 2:
+            return
+        n, k = len(self._items), self.k
+        size = n * k
+        tail = list(itl[len(itl) - size:])
+        gaps = tail[1:k]  # every request's gaps after its first, the same floats
+        out = []
+        first = windows[0]
+        head = gaps[:first]
+        for j in range(n):
+            out.append(tail[j * k])
+            out.extend(head)
+        prev = first
+        for last in windows[1:]:
+            out.extend(gaps[prev:last] * n)
+            prev = last
+        del itl[len(itl) - size:]
+        itl.extend(out)
