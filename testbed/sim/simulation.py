@@ -80,7 +80,8 @@ class Simulation:
     def __init__(self, requests: Sequence[Request], make_loop: Callable[[], StepLoop], cost_model: CostModel,
                  replicas: int = 1, router: Router | None = None, horizon_s: float | None = None,
                  fast_forward: bool = True, progress: Callable[[float, int], None] | None = None,
-                 async_scheduling: bool = False, sessions: ClosedLoopSessions | None = None):
+                 async_scheduling: bool = False, sessions: ClosedLoopSessions | None = None,
+                 per_replica_runs: bool = True):
         if replicas < 1:
             raise ValueError(f"sim.replicas={replicas}: must be >= 1")
         if router is None and replicas > 1:
@@ -112,7 +113,8 @@ class Simulation:
             self.requests = sessions.roots
         # several replicas, open loop: a replica's decode run is cut only by the arrivals routed to it
         # (testbed/sim/decode_runs.py); a policy's arrival hook would see the run's progress, so not then
-        self._per_replica = (fast_forward and sessions is None and replicas > 1
+        # (`per_replica_runs=False`: every arrival cuts every run, the reference the tests compare with)
+        self._per_replica = (per_replica_runs and fast_forward and sessions is None and replicas > 1
                              and not any(_has_arrival_hook(loop.policy) for loop in self.loops))
         self._log = DeliveryLog()
         self._chain = 0  # the delivery whose timeout brought the arrivals being delivered

@@ -1,0 +1,120 @@
+"""Several replicas: a decode run cut only by the arrivals routed to its replica
+(testbed/sim/decode_runs.py) must leave every result as it was when every arrival cut every run
+(`Simulation(per_replica_runs=False)`, the old event structure): the same routing picks, request
+outcomes and times, inter-token gaps in the same order, KV blocks (the same block ids: the same
+calls to the block manager in the same order) and engine steps, with fewer events."""
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import FixedCost
+from testbed.app.plugins import make_router
+from testbed.core.kv import BlockManager
+from testbed.core.loop import SchedulerLimits, StepLoop
+from testbed.core.request import Request
+from testbed.policies import make_policy
+from testbed.sim.decode_runs import DeliveryLog
+from testbed.sim.simulation import Simulation
+
+ROUTERS = [("round_robin", {}), ("least_outstanding", {}), ("least_kv", {}), ("power_of_two", {}),
+           ("power_of_two", {"load": "kv_usage", "seed": 3}), ("prefix_affinity", {}),
+           ("prefix_affinity", {"cache_view": "actual"}), ("session_affinity", {"max_load_gap": 2})]
+POLICIES = ["vllm", "sarathi", "sglang", "orca"]
+
+
+class Recorded:
+    def __init__(self, router):
+        self.router, self.name, self.picks = router, router.name, []
+
+    def route(self, req, replicas, now):
+        i = self.router.route(req, replicas, now)
+        self.picks.append(i)
+        return i
+
+
+def replay(reqs, policy, router, knobs, replicas, num_blocks, cost, per_replica_runs, cache_decode):
+    rec = Recorded(make_router(router, **knobs))
+    sim = Simulation(reqs, lambda: StepLoop(make_policy(policy), BlockManager(num_blocks, 4, True, 0, cache_decode),
+                                            SchedulerLimits(64, 6, 10_000), cost, record_token_times=True),
+                     cost, replicas, rec, per_replica_runs=per_replica_runs)
+    out = sim.run()
+    return sim, out, rec.picks
+
+
+def results(out, picks):
+    per_loop = []
+    for loop in out.loops:
+        states = [(s.req.id, s.status, s.first_scheduled, s.first_token_time, s.finish_time, s.num_generated,
+                   s.num_preemptions, s.prefix_hit_tokens, tuple(s.token_times)) for s in loop.states]
+        series = loop.series
+        steps = [(a, a + d, p, n, r, w) for a, d, p, n, r, w in zip(series.start, series.duration, series.prefill_tokens,
+                                                                     series.decode_tokens, series.running, series.waiting)]
+        per_loop.append((states, list(loop.itl), list(loop.kv._queue), loop.num_steps, sum(series.steps),
+                         _coalesced(steps, series.steps)))
+    return picks, per_loop, out.end_time
+
+
+def _coalesced(rows, counts):
+    """Back-to-back identical all-decode rows merged (testbed/app/fingerprint.py's rule)."""
+    out = []
+    for (start, end, prefill, decode, running, waiting), k in zip(rows, counts):
+        if out and prefill == 0 and out[-1][2] == 0 and out[-1][1] == start and out[-1][3:6] == (decode, running, waiting):
+            out[-1] = (out[-1][0], end, 0, decode, running, waiting, out[-1][6] + k)
+        else:
+            out.append((start, end, prefill, decode, running, waiting, k))
+    return out
+
+
+def requests(specs, grid: float | None):
+    """Late enough that runs are deferred (their times within twice their start: decode_runs.deferrable)."""
+    arrivals = sorted(t for t, *_ in specs)
+    offset = 1.0
+    if grid is not None:  # on the step grid: arrivals tie with step ends
+        arrivals = [round(t / grid) * grid for t in arrivals]
+        offset = 16.0
+    return [Request(id=i, arrival=offset + t, prompt_len=p, output_len=o, prefix_hashes=h[:-(-p // 8)],
+                    prefix_block_tokens=8, session_id=sid)
+            for i, (t, (_, p, o, h, sid)) in enumerate(zip(arrivals, specs))]
+
+
+specs_st = st.lists(st.tuples(st.floats(0, 3), st.integers(1, 40), st.integers(1, 60),
+                              st.sampled_from([(), (1,), (1, 2), (3, 4)]), st.sampled_from(["", "a", "b"])),
+                    min_size=1, max_size=30)
+
+
+@settings(max_examples=int(os.environ.get("PROPERTY_EXAMPLES", 60)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(specs=specs_st, router=st.sampled_from(ROUTERS), policy=st.sampled_from(POLICIES),
+       replicas=st.integers(2, 5), num_blocks=st.integers(12, 60), tied=st.booleans(),
+       cache_decode=st.sampled_from(["scheduled", "finished"]))
+def test_cutting_runs_only_at_their_own_arrivals_changes_no_result(specs, router, policy, replicas, num_blocks,
+                                                                     tied, cache_decode):
+    cost = FixedCost(0.25, 0.0) if tied else FixedCost(0.01, 0.0005)  # 0.25: exact sums, arrivals tie with steps
+    reqs = requests(specs, 0.25 if tied else None)
+    name, knobs = router
+    new_sim, new, new_picks = replay(reqs, policy, name, knobs, replicas, num_blocks, cost, True, cache_decode)
+    old_sim, old, old_picks = replay(reqs, policy, name, knobs, replicas, num_blocks, cost, False, cache_decode)
+    assert results(new, new_picks) == results(old, old_picks)
+    assert next(new_sim.env._eid) <= next(old_sim.env._eid)  # no more events
+
+
+def test_a_busy_cluster_takes_fewer_events_with_the_same_results():
+    """Four replicas kept busy by a steady stream: runs deferred across the others' arrivals."""
+    specs = [(0.05 * i, 8 + i % 7, 30 + (i * 7) % 25, (), "") for i in range(60)]
+    reqs = requests(specs, None)
+    cost = FixedCost(0.01, 0.0005)
+    new_sim, new, new_picks = replay(reqs, "vllm", "round_robin", {}, 4, 200, cost, True, "scheduled")
+    old_sim, old, old_picks = replay(reqs, "vllm", "round_robin", {}, 4, 200, cost, False, "scheduled")
+    assert results(new, new_picks) == results(old, old_picks)
+    new_events, old_events = next(new_sim.env._eid), next(old_sim.env._eid)
+    assert new_events < 0.7 * old_events, (new_events, old_events)
+    assert len(new_sim._log) == len(reqs)
+
+
+def test_the_delivery_log_numbers_deliveries_in_order():
+    log = DeliveryLog()
+    assert [log.add(1.0, 1.0, 0), log.add(1.0, 1.0, 0), log.add(2.0, 2.0, 2)] == [0, 1, 2]
+    assert len(log) == 3 and log.chain == [0, 0, 2]
