@@ -103,7 +103,7 @@ def simulate_disagg(cfg: DictConfig, stop: Callable[[], bool] | None = None, mod
     per_token = transfer_bytes_per_token(model, parallel_spec(cfgs["prefill"]), parallel_spec(cfgs["decode"]))
     with progress_bar(cfg, engine_requests) as progress:
         sim = DisaggSimulation(engine_requests, pools["prefill"], pools["decode"], link, per_token,
-                               cfg.backend.horizon_s, progress)
+                               cfg.backend.horizon_s, progress, cfg.backend.fast_forward)
         outcome = sim.run(stop)
     table, summary = disagg_results(cfg, cfgs, setups, outcome, load_rejects, clock, link, per_token)
     rows = len(reqs) + len(load_rejects)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 
+import simpy
+
 from testbed.core.loop import Batch, StepLoop
 
 _INF = float("inf")
@@ -59,6 +61,17 @@ def deferrable(batch: Batch) -> bool:
     """Every time of the run lies within twice its start (see the module docstring)."""
     start = batch.start
     return start > 0 and batch.ends[-1] <= 2 * start
+
+
+def moved_timeout(env: simpy.Environment, timeout: simpy.Timeout, at: float) -> simpy.Timeout:
+    """A timeout for `at`, after every event scheduled so far for that time, that resumes what
+    waited on `timeout` (which then fires with nobody waiting)."""
+    now = env.now
+    if now + (at - now) != at:  # cannot happen for a deferrable run
+        raise AssertionError(f"the clock cannot land on {at!r} from {now!r}")
+    new = env.timeout(at - now)
+    new.callbacks, timeout.callbacks = timeout.callbacks, []
+    return new
 
 
 class DeferredRun:
@@ -193,3 +206,59 @@ class DeferredRun:
             prev = last
         del itl[len(itl) - size:]
         itl.extend(out)
+
+
+class StepwiseRun(DeferredRun):
+    """A decode run on a replica that used to plan every step (a disaggregated decode replica):
+    each step is a window of its own, its KV taken when reached, its gaps appended step by step.
+    Events from outside (a transfer landing, a reservation, a router reading the cache) ask which
+    steps had started, from the event's time and when it was scheduled (`started`)."""
+
+    __slots__ = ("durations",)
+
+    def __init__(self, loop: StepLoop, batch: Batch, durations: list[float]):
+        self.loop, self.batch, self.log = loop, batch, None
+        self.ends = batch.ends
+        self.k = len(self.ends)
+        self.durations = durations[:self.k]  # each step's time, in order (a pool's busy time sums them)
+        self.hi = 0  # step 0's blocks came with the plan
+        self.window_ends = []
+        kv = loop.kv
+        self._items = [s for s, _ in batch.items]
+        self._computed = [s.num_computed for s in self._items]
+        self._register = kv.cache_decode and kv.enable_prefix_caching
+        self._heap = [(self._next_call(j), j) for j in range(len(self._items))]
+        heapq.heapify(self._heap)
+
+    def started(self, at: float, scheduled: float) -> int:
+        """The last step started before an event due at `at` that was scheduled at `scheduled`: a
+        step end at that very time came first when its step was scheduled first."""
+        ends, last = self.ends, self.k - 1
+        m = bisect_left(ends, at, 0, last)  # steps 1..m start before `at`
+        if m < last and ends[m] == at and (ends[m - 1] if m else self.batch.start) < scheduled:
+            m += 1
+        return m
+
+    def settle(self, at: float, scheduled: float) -> None:
+        """Take the blocks of the steps started before the event (see `started`)."""
+        self._take_through(self.started(at, scheduled))
+
+    def _take_through(self, step: int) -> None:
+        for r in range(self.hi + 1, step + 1):
+            self._take(r)
+        self.hi = max(self.hi, step)
+
+    def cut_at(self, at: float, scheduled: float) -> bool:
+        """End the run with the step in flight at the event; True when that shortens it."""
+        self.settle(at, scheduled)
+        return self.cut()
+
+    def ends_after(self, at: float, scheduled: float) -> bool:
+        """The run ends at `at` and its last step was scheduled no earlier than an event scheduled at
+        `scheduled` for that time: the old step end came after the event."""
+        ends = self.ends
+        return ends[-1] == at and (ends[-2] if len(ends) > 1 else self.batch.start) >= scheduled
+
+    def finish(self, next_arrival: float = _INF) -> None:
+        self._take_through(self.k - 1)
+        self.window_ends = list(range(self.k))

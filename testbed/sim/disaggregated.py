@@ -24,14 +24,16 @@ decode instance, so TTFT = prefill + KV wait + transfer + the first decode step.
 TTFT at the prefill instance instead; the testbed follows the vLLM proxy.) The decode replica
 generates all `output_len` tokens.
 
-Decode replicas step one event at a time: a steady decode run cannot be fast-forwarded, as a
-transfer may land on the replica at any time (the prefill replicas' one-token requests never form
-such a run either). `async_scheduling` is not modelled here.
+A decode replica's steady decode run is fast-forwarded (`StepwiseRun`, testbed/sim/decode_runs.py):
+a transfer landing on it, or a reservation of its blocks, ends the run with the step in flight, and
+every result is the one of planning each step (the prefill replicas' one-token requests never form
+such a run). `async_scheduling` is not modelled here.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable, Sequence
 
 import simpy
@@ -40,8 +42,11 @@ from testbed.core.cost import CostModel
 from testbed.core.loop import StepLoop, reject_reason
 from testbed.core.request import Request, RequestState, Status
 from testbed.core.router import ReplicaView, Router
+from testbed.sim.decode_runs import StepwiseRun, deferrable, moved_timeout
 from testbed.sim.kv_link import KVLink
-from testbed.sim.simulation import _never, _Stopped, run_until
+from testbed.sim.simulation import _has_arrival_hook, _never, _Stopped, run_until
+
+_INF = float("inf")
 
 
 @dataclass
@@ -98,7 +103,7 @@ class DisaggOutcome:
 class DisaggSimulation:
     def __init__(self, requests: Sequence[Request], prefill: Pool, decode: Pool, link: KVLink,
                  kv_bytes_per_token: int, horizon_s: float | None = None,
-                 progress: Callable[[float, int], None] | None = None):
+                 progress: Callable[[float, int], None] | None = None, fast_forward: bool = True):
         if horizon_s is not None and horizon_s <= 0:
             raise ValueError(f"backend.horizon_s={horizon_s}: must be > 0 (or null for no horizon)")
         self.requests = requests
@@ -122,6 +127,14 @@ class DisaggSimulation:
         self._decode_max_len = decode.loops[0].limits.max_model_len
         self.stalled = False
         self._stop: Callable[[], bool] = _never
+        # decode replicas' fast-forwarded runs (a policy's arrival hook would see a run's progress: not then)
+        self._fast_forward = fast_forward and not any(_has_arrival_hook(loop.policy) for loop in decode.loops)
+        self._runs: list[StepwiseRun | None] = [None] * len(decode.loops)
+        self._run_end: list[simpy.Timeout | None] = [None] * len(decode.loops)
+        self._scheduled = 0.0  # when the event being handled was scheduled (a prefill step's start)
+        if self._fast_forward:
+            for j, view in enumerate(decode.views):
+                view.settle = partial(self._settle, j)
 
     def run(self, stop: Callable[[], bool] | None = None) -> DisaggOutcome:
         env = self.env
@@ -183,7 +196,10 @@ class DisaggSimulation:
                 yield self._wait_idle("prefill", i)
                 continue
             dt = step_time(batch.shape)
-            yield env.timeout(dt)
+            step = env.timeout(dt)
+            if self._fast_forward:  # a hand-off at its end may reserve blocks on a decode replica
+                self._order_run_ends(range(len(self.decode.loops)), env.now + dt)
+            yield step
             pool.busy_s[i] += dt
             loop.complete(batch, env.now)
             for s, _ in batch.items:
@@ -192,36 +208,46 @@ class DisaggSimulation:
                     h.prefilled_s = env.now
                     self._in_flight += 1
                     self._holding[i] += 1
-                    env.process(self._hand_off(h))
+                    env.process(self._hand_off(h, batch.start))
 
-    def _hand_off(self, h: Handoff):
+    def _hand_off(self, h: Handoff, scheduled: float):
+        """`scheduled`: when the prefill step that sampled its token was scheduled."""
         env, pool = self.env, self.decode
+        self._scheduled = scheduled
         j = h.decode_replica = pool.route(h.req, env.now)
         reserved = env.event()
         self._reserve_queue[j].append((h, reserved))
-        self._reserve(j)
+        self._reserve(j, scheduled)
         yield reserved
         link = self._links[j] if self.link.serialize else None
         if link is not None:
             slot = link.request()
             yield slot
         h.sending_s = env.now
-        yield env.timeout(self.link.transfer_s(h.req.prompt_len, self.kv_bytes_per_token))
+        landing = env.timeout(self.link.transfer_s(h.req.prompt_len, self.kv_bytes_per_token))
+        if self._fast_forward:
+            self._order_run_ends((j,), env.now + self.link.transfer_s(h.req.prompt_len, self.kv_bytes_per_token))
+        yield landing
         if link is not None:
             link.release(slot)
         h.landed_s = env.now
         self.prefill.loops[h.prefill_replica].release_kv(h.prefill)
         self._holding[h.prefill_replica] -= 1
         self._wake("prefill", h.prefill_replica)  # its freed blocks may admit a waiting prompt
+        self._cut(j, h.sending_s)  # the request joins the running batch
         pool.loops[j].receive_remote_kv(h.decode, env.now)
         self._in_flight -= 1
         self._wake("decode", j)
         if self._upstream_done():  # the last transfer: idle decode replicas may now stop
             self._wake_all_decode()
 
-    def _reserve(self, j: int) -> None:
-        """Give decode replica j's waiting transfers their blocks, first come first served."""
+    def _reserve(self, j: int, scheduled: float = _INF) -> None:
+        """Give decode replica j's waiting transfers their blocks, first come first served
+        (`scheduled`: when the event asking was scheduled, for a replica in a decode run)."""
         queue, loop = self._reserve_queue[j], self.decode.loops[j]
+        run = self._runs[j]
+        if run is not None and queue:
+            run.settle(self.env.now, scheduled)
         while queue:
             h, reserved = queue[0]
             s = loop.reserve_remote_kv(h.req)
@@ -230,6 +256,7 @@ class DisaggSimulation:
             queue.popleft()
             h.decode, h.reserved_s = s, self.env.now
             reserved.succeed()
+            self._cut(j, scheduled)  # fewer free blocks: the run's plan may change
 
     def _decode_server(self, j: int):
         env, pool = self.env, self.decode
@@ -247,12 +274,67 @@ class DisaggSimulation:
                     return
                 yield self._wait_idle("decode", j)
                 continue
-            dt = step_time(batch.shape)
-            yield env.timeout(dt)
-            pool.busy_s[j] += dt
-            loop.complete(batch, env.now)
+            if self._fast_forward and self._start_run(j, batch):
+                run = self._runs[j]
+                yield self._run_end[j]  # its last step's end, or (cut) the end of the step in flight
+                run.finish()
+                self._runs[j] = self._run_end[j] = None
+                for dt in run.durations[:run.k]:
+                    pool.busy_s[j] += dt
+                loop.complete(batch, env.now)
+                run.reorder_gaps(loop.itl)
+            else:
+                dt = step_time(batch.shape)
+                yield env.timeout(dt)
+                pool.busy_s[j] += dt
+                loop.complete(batch, env.now)
             if self._reserve_queue[j]:
                 self._reserve(j)  # finished requests (or preemptions) freed blocks
+
+    # --- decode runs (testbed/sim/decode_runs.py) --------------------------------------------
+    def _start_run(self, j: int, batch) -> bool:
+        """Fast-forward decode replica j's steady decode batch, when it is one, up to its first finish."""
+        loop, step_time = self.decode.loops[j], self.decode.cost.step_time
+        durations = []
+
+        def timed(shape) -> float:  # each step's time, for the pool's busy time
+            dt = step_time(shape)
+            durations.append(dt)
+            return dt
+
+        if not loop.extend_decode_run(batch, timed, _INF, self._horizon, allocate=False):
+            return False
+        if not deferrable(batch):
+            batch.ends = None
+            loop.series.steps[-1] = 1
+            return False
+        self._runs[j] = StepwiseRun(loop, batch, durations)
+        self._run_end[j] = self.env.timeout(batch.ends[-1] - self.env.now)
+        return True
+
+    def _settle(self, j: int) -> None:
+        """Before the router reads decode replica j's KV cache (in a hand-off)."""
+        run = self._runs[j]
+        if run is not None:
+            run.settle(self.env.now, self._scheduled)
+
+    def _cut(self, j: int, scheduled: float) -> None:
+        run = self._runs[j]
+        if run is not None and run.cut_at(self.env.now, scheduled):
+            self._run_end[j] = moved_timeout(self.env, self._run_end[j], run.ends[-1])
+
+    def _order_run_ends(self, replicas, at: float) -> None:
+        """An event for time `at` was just scheduled: a decode run ending then whose last step was
+        scheduled no earlier ended after it when each step was an event of its own."""
+        now = self.env.now
+        for j in replicas:
+            run = self._runs[j]
+            if run is not None and run.ends_after(at, now):
+                self._run_end[j] = moved_timeout(self.env, self._run_end[j], at)
+
+    @property
+    def _horizon(self) -> float:
+        return self.horizon_s if self.horizon_s is not None else _INF
 
     # --- helpers ------------------------------------------------------------------------
     def _upstream_done(self) -> bool:

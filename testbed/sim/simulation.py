@@ -40,7 +40,7 @@ from testbed.core.loop import ReplayOutcome, StepLoop
 from testbed.core.policy import BasePolicy
 from testbed.core.request import Request, RequestState, Status
 from testbed.core.router import ReplicaView, Router
-from testbed.sim.decode_runs import DeferredRun, DeliveryLog, deferrable
+from testbed.sim.decode_runs import DeferredRun, DeliveryLog, deferrable, moved_timeout
 from testbed.sim.sessions import ClosedLoopSessions
 
 _INF = float("inf")
@@ -295,12 +295,7 @@ class Simulation:
 
     def _move_run_end(self, i: int, at: float) -> None:
         """Replica i's run now ends at `at`, and after the events scheduled so far for that time."""
-        now = self.env.now
-        if now + (at - now) != at:  # cannot happen for a deferrable run
-            raise AssertionError(f"replica {i}: the clock cannot land on {at!r} from {now!r}")
-        old, new = self._run_end[i], self.env.timeout(at - now)
-        new.callbacks, old.callbacks = old.callbacks, []
-        self._run_end[i] = new
+        self._run_end[i] = moved_timeout(self.env, self._run_end[i], at)
 
     def _order_run_ends(self, arrival: float, at: float) -> None:
         """The next arrival's timeout was just scheduled for `at`: a run ending then whose old last
