@@ -34,6 +34,7 @@ import simpy
 from testbed.core.loop import Batch, StepLoop
 
 _INF = float("inf")
+CHUNK = 32  # steps summed at a time in a run not summed to its end yet
 
 
 class DeliveryLog:
@@ -79,12 +80,18 @@ class DeferredRun:
     its KV taken window by window of the old planner, as the arrivals in `log` are replayed."""
 
     __slots__ = ("loop", "batch", "ends", "k", "log", "hi", "planned_at", "consumed", "window_ends",
-                 "_items", "_computed", "_heap", "_register")
+                 "_items", "_computed", "_heap", "_register", "complete", "_more")
 
-    def __init__(self, loop: StepLoop, batch: Batch, log: DeliveryLog, next_arrival: float):
+    def __init__(self, loop: StepLoop, batch: Batch, log: DeliveryLog, next_arrival: float,
+                 more: tuple | None = None):
+        """`more`: (step_time, k_max, horizon) when `batch.ends` holds only the run's first steps
+        (`complete` False): the rest are summed when reached (`extend`), as the old runs summed
+        them up to each arrival; a cut usually comes first."""
         self.loop, self.batch, self.log = loop, batch, log
         self.ends = batch.ends
-        self.k = len(self.ends)  # steps the run covers (fewer after a cut)
+        self.k = len(self.ends)  # steps the run covers so far (fewer after a cut)
+        self.complete = more is None
+        self._more = more
         self.hi = -1  # the last step of the windows planned so far
         self.planned_at = len(log)  # deliveries made when the window in flight was planned
         self.consumed = len(log)  # deliveries replayed so far
@@ -115,19 +122,53 @@ class DeferredRun:
     def _windows_before(self, arrival: float, at: float, chain: int, delivery: int) -> None:
         """Plan windows while the one in flight ends before the delivery (on a tie: when it was
         planned before the delivery's timeout was scheduled, at delivery `chain` - 1)."""
-        ends, last = self.ends, self.k - 1
-        while self.hi < last:
+        ends = self.ends
+        while True:
             end = ends[self.hi]
-            if end < at or (end == at and self.planned_at < chain):
-                self._plan(self.hi + 1, arrival, delivery)
-            else:
+            if not (end < at or (end == at and self.planned_at < chain)):
                 return
+            if self.hi >= self.k - 1:
+                if self.complete:
+                    return
+                self.extend(end)
+            self._plan(self.hi + 1, arrival, delivery)
+
+    def extend(self, until: float) -> None:
+        """Sum the next steps' ends, at least CHUNK of them and past `until`, as `extend_decode_run`
+        sums them (the batch's shape, contexts one token longer per step), to the first finish."""
+        step_time, k_max, horizon = self._more
+        ends, shape = self.ends, self.batch.shape
+        n, ctx0 = shape.num_decode_seqs, shape.decode_kv_tokens
+        limit = 2 * self.batch.start
+        t, i = ends[-1], len(ends)
+        stop = i + CHUNK
+        while i < k_max:
+            shape.decode_kv_tokens = ctx0 + i * n
+            end = t + step_time(shape)
+            if end >= horizon:
+                k_max = i
+                break
+            if end > limit:  # `deferrable` was judged on a bound the step times broke
+                shape.decode_kv_tokens = ctx0
+                raise AssertionError(f"a deferred decode run reached {end!r}, past twice its start {self.batch.start!r}")
+            ends.append(end)
+            t = end
+            i += 1
+            if i >= stop and t >= until:
+                break
+        shape.decode_kv_tokens = ctx0
+        self.k = i
+        if i >= k_max:
+            self.complete = True
+            self.loop.series.steps[-1] = i
 
     def _plan(self, first: int, next_arrival: float, delivery: int, first_step_taken: bool = False) -> None:
         """The old planner at the start of step `first`: a run over the steps that start before the
         next arrival (`extend_decode_run`), or one plain step when that is one step or its clock
         would not land exactly on its end."""
         ends = self.ends
+        if not self.complete and ends[-1] < next_arrival:
+            self.extend(next_arrival)
         last = bisect_left(ends, next_arrival, first, self.k - 1)  # steps first+1..last start before it
         if last > first:
             start = ends[first - 1] if first else self.batch.start
@@ -147,11 +188,12 @@ class DeferredRun:
 
     def cut(self) -> bool:
         """End the run with the window in flight (after `catch_up` to the arrival routed here);
-        True when that shortens it."""
-        if self.hi >= self.k - 1:
+        True when that ends it earlier or, the rest not summed yet, fixes its end."""
+        if self.hi >= self.k - 1 and self.complete:
             return False
         self.k = self.hi + 1
         del self.ends[self.k:]
+        self.complete = True
         self.loop.series.steps[-1] = self.k
         return True
 
@@ -221,6 +263,7 @@ class StepwiseRun(DeferredRun):
         self.ends = batch.ends
         self.k = len(self.ends)
         self.durations = durations[:self.k]  # each step's time, in order (a pool's busy time sums them)
+        self.complete, self._more = True, None
         self.hi = 0  # step 0's blocks came with the plan
         self.window_ends = []
         kv = loop.kv

@@ -120,6 +120,7 @@ class Simulation:
         self._chain = 0  # the delivery whose timeout brought the arrivals being delivered
         self._runs: list[DeferredRun | None] = [None] * replicas
         self._run_end: list[simpy.Timeout | None] = [None] * replicas
+        self._run_end_at: list[float] = [_INF] * replicas  # when that timeout fires
         if self._per_replica:
             for i, view in enumerate(self.views):
                 view.settle = partial(self._settle, i)
@@ -152,6 +153,8 @@ class Simulation:
         env = self.env
         for req in self.requests:
             if req.arrival > env.now:
+                if self._per_replica:
+                    self._extend_runs(env.now + (req.arrival - env.now))
                 timeout = env.timeout(req.arrival - env.now)
                 if self._per_replica:
                     self._order_run_ends(req.arrival, env.now + (req.arrival - env.now))
@@ -192,7 +195,14 @@ class Simulation:
             self._in_step[i] = True
             if self._per_replica and self._defer_run(i, batch):
                 run = self._runs[i]
-                yield self._run_end[i]  # its last step's end, or (cut) that of the old window in flight
+                while True:  # to its last step's end, or (cut) that of the old window in flight
+                    yield self._run_end[i]
+                    if not run.complete and run.ends[-1] <= env.now:
+                        run.extend(env.now)  # the steps summed so far are done: sum more
+                    if run.complete and run.ends[-1] == env.now:
+                        break
+                    self._run_end[i] = env.timeout(run.ends[-1] - env.now)
+                    self._run_end_at[i] = run.ends[-1]
                 run.finish(self._next_arrival())
                 self._runs[i] = self._run_end[i] = None
                 self._in_step[i] = False
@@ -250,6 +260,9 @@ class Simulation:
                 run.catch_up_logged(d)
                 if run.cut():
                     self._move_run_end(i, run.ends[-1])
+            for j, run in enumerate(self._runs):  # the router's reads may have summed a run to its end
+                if run is not None:
+                    self._fix_run_end(j)
         else:
             i = self._route(req)
         if self._in_step[i] and self.async_scheduling:
@@ -275,17 +288,64 @@ class Simulation:
 
     # --- per-replica decode runs (testbed/sim/decode_runs.py) ----------------------------------
     def _defer_run(self, i: int, batch) -> bool:
-        """Start a decode run cut only by arrivals routed to replica i, when there is one to defer."""
-        loop = self.loops[i]
-        if not loop.extend_decode_run(batch, self.cost_model.step_time, _INF, self._horizon, allocate=False):
-            return False
+        """Start a decode run cut only by arrivals routed to replica i, when there is one to defer:
+        summed to the next arrival (as the old run was), the rest when reached, when a bound on its
+        step times shows every end within twice its start; else summed to its first finish now."""
+        loop, step_time, horizon = self.loops[i], self.cost_model.step_time, self._horizon
+        next_arrival = self._next_arrival()
+        more = None
+        if loop.extend_decode_run(batch, step_time, next_arrival, horizon, allocate=False):
+            more = self._lazy_rest(loop, batch, next_arrival)
+            if more is None:
+                batch.ends = None
+                loop.series.steps[-1] = 1
+        if more is None:  # summed to the first finish at once
+            if not loop.extend_decode_run(batch, step_time, _INF, horizon, allocate=False):
+                return False
+            more = False
         if not deferrable(batch):
             batch.ends = None
             loop.series.steps[-1] = 1
             return False
-        self._runs[i] = DeferredRun(loop, batch, self._log, self._next_arrival())
-        self._run_end[i] = self.env.timeout(batch.ends[-1] - self.env.now)
+        run = self._runs[i] = DeferredRun(loop, batch, self._log, next_arrival, more or None)
+        self._run_end[i] = self.env.timeout(run.ends[-1] - self.env.now)
+        self._run_end_at[i] = run.ends[-1]
         return True
+
+    def _lazy_rest(self, loop, batch, next_arrival: float):
+        """(step_time, k_max, horizon) to sum a run's steps past its first ones later, False when
+        those are the whole run, None when the rest must be summed now: its KV growth to the first
+        finish would not fit, or twice the last step's time over the steps left exceeds the start."""
+        ends = batch.ends
+        k_max = min(s.req.output_len - s.num_generated for s, _ in batch.items)
+        if len(ends) >= k_max or ends[-1] < next_arrival:  # the first finish, or the horizon, came first
+            return False
+        kv, bs = loop.kv, loop.kv.block_size
+        if sum(max(0, -(-(s.num_computed + k_max) // bs) - len(s.blocks)) for s, _ in batch.items) > kv.num_free_blocks:
+            return None
+        shape = batch.shape
+        ctx0 = shape.decode_kv_tokens
+        shape.decode_kv_tokens = ctx0 + (k_max - 1) * shape.num_decode_seqs
+        last = self.cost_model.step_time(shape)
+        shape.decode_kv_tokens = ctx0
+        if 2 * k_max * last > batch.start:
+            return None
+        return (self.cost_model.step_time, k_max, self._horizon)
+
+    def _extend_runs(self, at: float) -> None:
+        """Before an arrival's timeout for `at` is scheduled: every run summed past it, so that one
+        ending then has its end scheduled first, as the old one had (`_order_run_ends` then moves it
+        where the old order put it after)."""
+        for i, run in enumerate(self._runs):
+            if run is not None and not run.complete and run.ends[-1] < at:
+                run.extend(at)
+                self._fix_run_end(i)
+
+    def _fix_run_end(self, i: int) -> None:
+        """A run summed to its end (or cut) ends at its last step: its timeout says so."""
+        run = self._runs[i]
+        if run.complete and self._run_end_at[i] != run.ends[-1]:
+            self._move_run_end(i, run.ends[-1])
 
     def _settle(self, i: int) -> None:
         """Before the router reads replica i's KV cache: take the blocks its run held at this arrival."""
@@ -296,13 +356,14 @@ class Simulation:
     def _move_run_end(self, i: int, at: float) -> None:
         """Replica i's run now ends at `at`, and after the events scheduled so far for that time."""
         self._run_end[i] = moved_timeout(self.env, self._run_end[i], at)
+        self._run_end_at[i] = at
 
     def _order_run_ends(self, arrival: float, at: float) -> None:
         """The next arrival's timeout was just scheduled for `at`: a run ending then whose old last
         window was planned after the previous arrival ended after this arrival in the old order."""
         d = self._delivered
         for i, run in enumerate(self._runs):
-            if run is not None and run.ends[-1] == at:
+            if run is not None and run.complete and run.ends[-1] == at:
                 run.catch_up(d, arrival, at, d)
                 if run.planned_at == d:
                     self._move_run_end(i, at)
