@@ -289,36 +289,35 @@ class Simulation:
     # --- per-replica decode runs (testbed/sim/decode_runs.py) ----------------------------------
     def _defer_run(self, i: int, batch) -> bool:
         """Start a decode run cut only by arrivals routed to replica i, when there is one to defer:
-        summed to the next arrival (as the old run was), the rest when reached, when a bound on its
+        summed to about one more arrival per replica ahead, the rest when reached, when a bound on its
         step times shows every end within twice its start; else summed to its first finish now."""
         loop, step_time, horizon = self.loops[i], self.cost_model.step_time, self._horizon
-        next_arrival = self._next_arrival()
-        more = None
-        if loop.extend_decode_run(batch, step_time, next_arrival, horizon, allocate=False):
-            more = self._lazy_rest(loop, batch, next_arrival)
-            if more is None:
-                batch.ends = None
-                loop.series.steps[-1] = 1
+        ahead = self._delivered + len(self.loops) - 1  # summed first: to about one more arrival per replica
+        lookahead = self.requests[ahead].arrival if ahead < len(self.requests) else _INF
+        if not loop.extend_decode_run(batch, step_time, lookahead, horizon, allocate=False):
+            return False
+        more = self._lazy_rest(loop, batch, lookahead)
         if more is None:  # summed to the first finish at once
+            batch.ends = None
+            loop.series.steps[-1] = 1
             if not loop.extend_decode_run(batch, step_time, _INF, horizon, allocate=False):
                 return False
-            more = False
         if not deferrable(batch):
             batch.ends = None
             loop.series.steps[-1] = 1
             return False
-        run = self._runs[i] = DeferredRun(loop, batch, self._log, next_arrival, more or None)
+        run = self._runs[i] = DeferredRun(loop, batch, self._log, self._next_arrival(), more or None)
         self._run_end[i] = self.env.timeout(run.ends[-1] - self.env.now)
         self._run_end_at[i] = run.ends[-1]
         return True
 
-    def _lazy_rest(self, loop, batch, next_arrival: float):
+    def _lazy_rest(self, loop, batch, lookahead: float):
         """(step_time, k_max, horizon) to sum a run's steps past its first ones later, False when
         those are the whole run, None when the rest must be summed now: its KV growth to the first
         finish would not fit, or twice the last step's time over the steps left exceeds the start."""
         ends = batch.ends
         k_max = min(s.req.output_len - s.num_generated for s, _ in batch.items)
-        if len(ends) >= k_max or ends[-1] < next_arrival:  # the first finish, or the horizon, came first
+        if len(ends) >= k_max or ends[-1] < lookahead:  # the first finish, or the horizon, came first
             return False
         kv, bs = loop.kv, loop.kv.block_size
         if sum(max(0, -(-(s.num_computed + k_max) // bs) - len(s.blocks)) for s, _ in batch.items) > kv.num_free_blocks:
