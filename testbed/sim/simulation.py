@@ -13,6 +13,12 @@ while step N runs is first seen by the schedule of step N+2: one more step of TT
 arrival during a step is held back until the next step has been planned. (The other effect,
 a finished request's one wasted decode in the step already scheduled, is not modelled.)
 
+With several replicas (open loop, fast_forward), a replica's fast-forwarded decode run is cut only by
+the arrivals the router sends to it (testbed/sim/decode_runs.py): an arrival sent elsewhere no longer
+ends every replica's run, and the results are bit-identical to cutting them all (the KV a mid-run
+replica shows the router, the cut points and the order of the inter-token gaps are replayed from
+the old rule). Not with closed-loop sessions, nor with a policy that has an arrival hook.
+
 `run(stop)` ends early, cleanly, once `stop()` turns true (a signal raised it): the
 processes look at it only between steps and before an arrival, so every request's state is
 consistent; finished requests keep their results and the rest are marked interrupted.
