@@ -35,11 +35,12 @@ class Recorded:
         return i
 
 
-def replay(reqs, policy, router, knobs, replicas, num_blocks, cost, per_replica_runs, cache_decode):
+def replay(reqs, policy, router, knobs, replicas, num_blocks, cost, per_replica_runs, cache_decode,
+           async_scheduling=False):
     rec = Recorded(make_router(router, **knobs))
     sim = Simulation(reqs, lambda: StepLoop(make_policy(policy), BlockManager(num_blocks, 4, True, 0, cache_decode),
                                             SchedulerLimits(64, 6, 10_000), cost, record_token_times=True),
-                     cost, replicas, rec, per_replica_runs=per_replica_runs)
+                     cost, replicas, rec, per_replica_runs=per_replica_runs, async_scheduling=async_scheduling)
     out = sim.run()
     return sim, out, rec.picks
 
@@ -96,14 +97,16 @@ specs_st = st.lists(st.tuples(st.floats(0, 3), st.integers(1, 40), st.integers(1
           suppress_health_check=[HealthCheck.too_slow])
 @given(specs=specs_st, router=st.sampled_from(ROUTERS), policy=st.sampled_from(POLICIES),
        replicas=st.integers(2, 5), num_blocks=st.integers(12, 60), tied=st.booleans(),
-       cache_decode=st.sampled_from(["scheduled", "finished"]))
+       cache_decode=st.sampled_from(["scheduled", "finished"]), async_scheduling=st.booleans())
 def test_cutting_runs_only_at_their_own_arrivals_changes_no_result(specs, router, policy, replicas, num_blocks,
-                                                                     tied, cache_decode):
+                                                                     tied, cache_decode, async_scheduling):
     cost = FixedCost(0.25, 0.0) if tied else FixedCost(0.01, 0.0005)  # 0.25: exact sums, arrivals tie with steps
     reqs = requests(specs, 0.25 if tied else None)
     name, knobs = router
-    new_sim, new, new_picks = replay(reqs, policy, name, knobs, replicas, num_blocks, cost, True, cache_decode)
-    old_sim, old, old_picks = replay(reqs, policy, name, knobs, replicas, num_blocks, cost, False, cache_decode)
+    new_sim, new, new_picks = replay(reqs, policy, name, knobs, replicas, num_blocks, cost, True, cache_decode,
+                                     async_scheduling)
+    old_sim, old, old_picks = replay(reqs, policy, name, knobs, replicas, num_blocks, cost, False, cache_decode,
+                                     async_scheduling)
     assert results(new, new_picks) == results(old, old_picks)
     assert plans(new) <= plans(old)
 

@@ -17,7 +17,7 @@ With several replicas (open loop, fast_forward), a replica's fast-forwarded deco
 the arrivals the router sends to it (testbed/sim/decode_runs.py): an arrival sent elsewhere no longer
 ends every replica's run, and the results are bit-identical to cutting them all (the KV a mid-run
 replica shows the router, the cut points and the order of the inter-token gaps are replayed from
-the old rule). Not with closed-loop sessions, nor with a policy that has an arrival hook.
+the old rule). Not with closed-loop sessions, async scheduling, or a policy that has an arrival hook.
 
 `run(stop)` ends early, cleanly, once `stop()` turns true (a signal raised it): the
 processes look at it only between steps and before an arrival, so every request's state is
@@ -118,9 +118,11 @@ class Simulation:
         if sessions is not None:
             self.requests = sessions.roots
         # several replicas, open loop: a replica's decode run is cut only by the arrivals routed to it
-        # (testbed/sim/decode_runs.py); a policy's arrival hook would see the run's progress, so not then
+        # (testbed/sim/decode_runs.py); a policy's arrival hook would see the run's progress, so not then,
+        # nor with async scheduling (an arrival held back past a run's cut is not replayed yet)
         # (`per_replica_runs=False`: every arrival cuts every run, the reference the tests compare with)
         self._per_replica = (per_replica_runs and fast_forward and sessions is None and replicas > 1
+                             and not async_scheduling
                              and not any(_has_arrival_hook(loop.policy) for loop in self.loops))
         self._log = DeliveryLog()
         self._chain = 0  # the delivery whose timeout brought the arrivals being delivered
