@@ -44,7 +44,8 @@ class RunResult:
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict
-    wall_s: float
+    wall_s: float  # the whole of simulate()/replay(): trace, run, results
+    run_s: float | None = None  # the simulation (or replay) proper
 
 
 def _obj(cfg: Any, cls):
@@ -409,11 +410,15 @@ def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: Mod
                          build_router(cfg), cfg.backend.horizon_s, cfg.backend.fast_forward, progress,
                          cfg.backend.async_scheduling, sessions)
         with gc_paused():
+            t_run = time.perf_counter()
             outcome = sim.run(stop)
+            run_s = time.perf_counter() - t_run
             if sessions is not None:  # a turn's arrival is when it was released, not its timestamp
                 clock.arrival_s.update((s.req.id, s.req.arrival) for loop in outcome.loops for s in loop.states)
                 clock.arrival_s.update((r.id, r.arrival) for r in outcome.not_arrived)
-            return finish(cfg, setup, outcome, "sim", t0, clock)
+            result = finish(cfg, setup, outcome, "sim", t0, clock)
+    result.run_s = run_s
+    return result
 
 
 def closed_loop_sessions(cfg: DictConfig, setup: Setup):
@@ -493,5 +498,5 @@ def in_multirun() -> bool:
 def run_info(result: RunResult) -> dict:
     import simpy
 
-    return {"wall_s": result.wall_s, "python": platform.python_version(), "simpy": simpy.__version__,
+    return {"wall_s": result.wall_s, "run_s": result.run_s, "python": platform.python_version(), "simpy": simpy.__version__,
             "numpy": np.__version__, "pandas": pd.__version__, "host": platform.node()}
