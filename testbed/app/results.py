@@ -12,6 +12,7 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from testbed.core.loop import StepSeries
@@ -34,12 +35,21 @@ def summary_json(summary: dict) -> str:
 def steps_frame(series_by_replica: list[StepSeries]) -> pd.DataFrame:
     frames = []
     for replica, series in enumerate(series_by_replica):
-        cols = {f.name: getattr(series, f.name) for f in fields(series)}
-        n = len(cols["duration"])  # a step planned but not completed (horizon) has no duration
-        df = pd.DataFrame({k: v[:n] for k, v in cols.items()})
+        n = len(series.duration)  # a step planned but not completed (horizon) has no duration
+        df = pd.DataFrame({f.name: _numeric_column(getattr(series, f.name), n) for f in fields(series)})
         df.insert(0, "replica", replica)
         frames.append(df)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _numeric_column(values, n: int):
+    """The first `n` values as a numpy array, typed as pandas types a list of them (Python ints: int64,
+    any float: float64) but without pandas' per-value inference; other values stay a list for pandas."""
+    if n:
+        column = np.array(values[:n])
+        if column.dtype in (np.int64, np.float64):
+            return column
+    return values[:n]
 
 
 FAILED = "failed.json"  # a run that ended in an exception, or whose process was killed: why

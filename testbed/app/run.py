@@ -28,7 +28,7 @@ from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
 from testbed.app.spec_decode import drafter_factory
 from testbed.core.spec_decode import Drafter, DraftStats
 from testbed.app.frontend import ClientClock, FrontendConfig, to_engine_queue
-from testbed.app.metrics import SLO, request_table, summarize
+from testbed.app.metrics import SLO, request_table, summarize, take_itl_ms
 from testbed.app.plugins import make_policy, make_router
 from testbed.core.request import Request
 from testbed.app.results import steps_frame
@@ -328,10 +328,9 @@ def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, 
     table = request_table(states, outcome.not_arrived, setup.load_rejects,
                           "interrupted before it arrived" if outcome.interrupted else "arrives after the horizon", clock,
                           outcome.not_arrived_reasons)
-    itl = np.concatenate([np.asarray(loop.itl) for loop in outcome.loops]) if outcome.loops else np.empty(0)
     loops = outcome.loops
-    summary = summarize(table, itl, setup.slo, (sum(l.kv.hit_tokens for l in loops), sum(l.kv.queried_tokens for l in loops)),
-                        clock.tail_s if clock is not None else 0.0)
+    summary = summarize(table, None, setup.slo, (sum(l.kv.hit_tokens for l in loops), sum(l.kv.queried_tokens for l in loops)),
+                        clock.tail_s if clock is not None else 0.0, itl_ms=take_itl_ms(loops))
     summary.update(policy=cfg.policy.name, trace=cfg.trace.name, model=setup.model.name, hardware=setup.hardware.name,
                    cost_model=setup.cost.name, backend=backend, kv_blocks=loops[0].kv.num_blocks,
                    block_size=cfg.kv.block_size, seed=cfg.seed, stalled=outcome.stalled,

@@ -9,6 +9,7 @@ and the engine cannot disagree about what a policy did.
 from __future__ import annotations
 
 import bisect
+from array import array
 from dataclasses import dataclass, field
 
 from testbed.core.cost import BatchShape, CostModel, add_work
@@ -87,7 +88,7 @@ class StepLoop:
         self.states: list[RequestState] = []  # every request that reached this loop
         self.waiting: list[RequestState] = []  # sorted by (arrival, id)
         self.running: list[RequestState] = []  # admission order
-        self.itl: list[float] = []  # every inter-token gap, for ITL percentiles
+        self.itl = array("d")  # every inter-token gap, for ITL percentiles: 8 bytes each (a list: 32)
         self.series = StepSeries()
         self.num_steps = 0  # engine steps completed (a fast-forwarded run counts each of its steps)
         self.view = SchedulerView(self)
