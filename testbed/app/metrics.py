@@ -274,7 +274,7 @@ def summarize(df: pd.DataFrame, itl_s, slo: SLO, prefix_cache: tuple[int, int] |
     (`ClientClock.tail_s`): the run's duration ends there, as the client times it.
     """
     done = df[df["outcome"] == Outcome.FINISHED.value]
-    counts = Counter(df["outcome"])
+    counts = df["outcome"].value_counts()
     out: dict = {
         "num_requests": int(len(df)),
         "completed": int(counts.get(Outcome.FINISHED.value, 0)),
