@@ -104,6 +104,13 @@ def test_itl_statistics_in_place_are_those_of_a_copy(n, nans):
     assert list(reference) == [f"{k}_itl_ms" for k in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES))]
 
 
+@pytest.mark.parametrize("n", [1, 7, 8, 129, 65_536, 65_537, 200_003, 1_000_003, 3_000_017])
+def test_the_std_by_slices_is_numpys_to_the_bit(n):
+    rng = np.random.default_rng(n)
+    for values in (rng.lognormal(0, 4, n), rng.exponential(8.0, n).round(3)):
+        assert metrics._std(values) == values.std()
+
+
 class _Loop:
     def __init__(self, gaps):
         self.itl = gaps

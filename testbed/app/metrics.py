@@ -22,13 +22,16 @@ import math
 from array import array
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from testbed.app.frontend import ClientClock
 from testbed.core.request import Outcome, Request, RequestState, Status
 from testbed.core.bounds import bounded, check_ranges
+
+if TYPE_CHECKING:  # pandas is imported by the functions that build tables: the config schemas (SLO) need none
+    import pandas as pd
 
 PERCENTILES = (50, 90, 99)
 
@@ -70,6 +73,8 @@ def request_table(states: list[tuple[int, RequestState]], not_arrived: list[Requ
     `reasons` gives a never-arrived request its own reason (a closed-loop turn whose parent never
     finished) instead of `not_arrived_reason`.
     """
+    import pandas as pd
+
     served = [s for _, s in states]
     n = len(served) + len(not_arrived) + len(load_rejects)
     if n == 0:
@@ -201,12 +206,38 @@ def _stats(prefix: str, values: np.ndarray, out: dict, key_prefix: str = "", scr
         for k in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES)):
             out[f"{key_prefix}{k}_{prefix}_ms"] = None
         return
-    mean, std = float(values.mean()), float(values.std())
+    mean, std = float(values.mean()), float(_std(values) if scratch else values.std())
     out[f"{key_prefix}mean_{prefix}_ms"] = mean
     out[f"{key_prefix}median_{prefix}_ms"] = float(np.median(values, overwrite_input=scratch))
     out[f"{key_prefix}std_{prefix}_ms"] = std
     for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES, overwrite_input=scratch)):
         out[f"{key_prefix}p{p}_{prefix}_ms"] = float(v)
+
+
+_STD_LEAF = 1 << 16  # values squared at a time by _std: 512 KiB of scratch
+
+
+def _std(values: np.ndarray) -> float:
+    """`values.std()` (a 1-D float64 array) without numpy's temporary as large as `values`: the squared
+    deviations are summed in numpy's own pairwise order, one slice at a time. numpy sums a contiguous
+    float64 array pairwise over its whole length, splitting it in halves rounded down to a multiple of
+    8 (numpy/_core/src/umath/loops_utils.h.src, `pairwise_sum`); following the same splits down to
+    slices of at most _STD_LEAF values, and summing each slice with numpy, adds the same numbers in
+    the same order, so the result is numpy's to the bit (tests/test_results_building.py checks it)."""
+    n = values.size
+    if n <= _STD_LEAF:
+        return values.std()
+    mean = np.add.reduce(values) / n  # numpy's _var: the sum, then divided by the count
+
+    def squared_deviations(lo: int, count: int) -> float:
+        if count <= _STD_LEAF:
+            d = np.subtract(values[lo:lo + count], mean)
+            return np.add.reduce(np.square(d, out=d))
+        half = count // 2
+        half -= half % 8
+        return squared_deviations(lo, half) + squared_deviations(lo + half, count - half)
+
+    return np.sqrt(squared_deviations(0, n) / n)
 
 
 def _no_nan(values: np.ndarray) -> bool:

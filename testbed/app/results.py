@@ -11,11 +11,14 @@ import json
 import math
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from testbed.core.loop import StepSeries
+
+if TYPE_CHECKING:  # imported where tables are built: a rerun's skip check and the CLI's table need no pandas
+    import pandas as pd
 
 
 def _clean(x):
@@ -33,6 +36,8 @@ def summary_json(summary: dict) -> str:
 
 
 def steps_frame(series_by_replica: list[StepSeries]) -> pd.DataFrame:
+    import pandas as pd
+
     frames = []
     for replica, series in enumerate(series_by_replica):
         n = len(series.duration)  # a step planned but not completed (horizon) has no duration
