@@ -199,18 +199,20 @@ def _stats(prefix: str, values: np.ndarray, out: dict, key_prefix: str = "", scr
     """Mean, median, std and PERCENTILES of the non-NaN `values`. `scratch`: the caller's own array,
     which nobody reads afterwards: without NaNs it is reordered in place instead of copied (the
     inter-token gaps: millions of values). Mean and std are taken before the reordering, over the
-    same values in the same order as over a copy, so every figure is the same either way."""
-    if not (scratch and _no_nan(values)):
-        values, scratch = values[~np.isnan(values)], True  # the copy is ours to reorder
+    same values in the same order as over a copy, so every figure is the same either way (the order
+    statistics are too: a gap is never -0.0, the one value equal to another with other bits)."""
+    in_place = scratch and _no_nan(values)
+    if not in_place:
+        values = values[~np.isnan(values)]
     if values.size == 0:
         for k in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES)):
             out[f"{key_prefix}{k}_{prefix}_ms"] = None
         return
-    mean, std = float(values.mean()), float(_std(values) if scratch else values.std())
+    mean, std = float(values.mean()), float(_std(values))
     out[f"{key_prefix}mean_{prefix}_ms"] = mean
-    out[f"{key_prefix}median_{prefix}_ms"] = float(np.median(values, overwrite_input=scratch))
+    out[f"{key_prefix}median_{prefix}_ms"] = float(np.median(values, overwrite_input=in_place))
     out[f"{key_prefix}std_{prefix}_ms"] = std
-    for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES, overwrite_input=scratch)):
+    for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES, overwrite_input=in_place)):
         out[f"{key_prefix}p{p}_{prefix}_ms"] = float(v)
 
 
