@@ -44,6 +44,8 @@ def steps_frame(series_by_replica: list[StepSeries]) -> pd.DataFrame:
         df = pd.DataFrame({f.name: _numeric_column(getattr(series, f.name), n) for f in fields(series)})
         df.insert(0, "replica", replica)
         frames.append(df)
+    if len(frames) == 1:  # already indexed 0..n-1: concat would only copy it
+        return frames[0]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -51,7 +53,7 @@ def _numeric_column(values, n: int):
     """The first `n` values as a numpy array, typed as pandas types a list of them (Python ints: int64,
     any float: float64) but without pandas' per-value inference; other values stay a list for pandas."""
     if n:
-        column = np.array(values[:n])
+        column = np.array(values if len(values) == n else values[:n])
         if column.dtype in (np.int64, np.float64):
             return column
     return values[:n]
