@@ -22,8 +22,12 @@ _MODE_RUN = "hydra.mode=RUN"  # what hydra._internal.utils._run_app adds when th
 
 
 def install() -> None:
-    """Make every `hydra.main` of this process compose its config once (idempotent)."""
-    Hydra.get_mode = _get_mode_composing_once
+    """Make every `hydra.main` of this process compose its config once (idempotent). Only on the
+    Hydra 1.3 series whose private composition path this follows; elsewhere Hydra composes twice."""
+    import hydra
+
+    if hydra.__version__.startswith("1.3."):
+        Hydra.get_mode = _get_mode_composing_once
 
 
 def _get_mode_composing_once(self: Hydra, config_name: str | None, overrides: list[str]) -> Any:
