@@ -324,6 +324,23 @@ class BlockManager:
             raise KVCapacityError(f"needed {need} KV blocks, {len(self._queue)} free")
         self._grab(state.blocks, need)
 
+    def grow_decode_run(self, states: list[RequestState], k: int) -> bool:
+        """A fast-forwarded run of `k` decode steps, in one call: each request (in order) takes the
+        blocks its next `k` tokens need and, caching decode tokens when scheduled, registers its full
+        blocks, as `allocate` then `register` would per step. False, changing nothing, when the free
+        blocks do not cover them all."""
+        bs = self.block_size
+        needs = [-(-(s.num_computed + k) // bs) - len(s.blocks) for s in states]
+        if sum([n for n in needs if n > 0]) > len(self._queue):
+            return False
+        register = self.register if self.cache_decode else None
+        for s, need in zip(states, needs):
+            if need > 0:
+                self._grab(s.blocks, need)
+            if register is not None and (s.num_computed + k) // bs > s.num_cached_blocks:
+                register(s, s.num_computed + k)
+        return True
+
     def free(self, state: RequestState, finished: bool = False) -> None:
         """Release every block, tail first: cached ones to the free queue's end (evicted last,
         LRU), uncached ones to its front (reused first), as `BlockPool.free_blocks` does. An

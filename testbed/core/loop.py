@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from testbed.core.cost import BatchShape, CostModel, add_work
+from testbed.core.cost import BatchShape, CostModel, add_work, decode_run_ends
 from testbed.core.kv import BlockManager, KVCapacityError
 from testbed.core.plan import PREEMPT_MODES, RECOMPUTE, Plan, PlanError
 from testbed.core.policy import Policy
@@ -82,6 +82,11 @@ class StepLoop:
         self.kv = kv
         self.limits = limits
         self.cost_model = cost_model
+        # a fast-forwarded run's step times in one call, when the backend steps with this cost model
+        # and it offers that (looked up on its class: a wrapper's __getattr__ must not answer for it)
+        run_ends = getattr(type(cost_model), "decode_run_ends", None)
+        self._cost_step = cost_model.step_time if run_ends is not None else None
+        self._run_ends = run_ends.__get__(cost_model) if run_ends is not None else None
         self.record_token_times = record_token_times
         self.live: dict[int, RequestState] = {}  # waiting, swapped and running requests by id
         self.states: list[RequestState] = []  # every request that reached this loop
@@ -187,7 +192,8 @@ class StepLoop:
             plan = self.policy.schedule(view)
             if not isinstance(plan, Plan):
                 raise PlanError(self.policy_name, "plan-type", f"schedule() returned {type(plan).__name__}, not a Plan")
-            self._validate(plan)
+            if plan.preempt or not self._plainly_valid(plan.items):
+                self._validate(plan)  # every rule, raising the first one the plan breaks
             shape = BatchShape()
             shape.swap_blocks = swap_blocks
             swap_out, swap_in, admitted = self._apply(plan, shape, now, swap_out)
@@ -203,7 +209,6 @@ class StepLoop:
             # ends. A loop, not a recursion: a policy may preempt one request a round with
             # a thousand running, past Python's recursion limit.
             swap_blocks = shape.swap_blocks
-        self._add_to_shape(shape, plan.items)
         drafts = None
         if self.drafter is not None:
             budget = self.limits.max_num_batched_tokens - plan.num_tokens
@@ -222,8 +227,9 @@ class StepLoop:
 
     def _apply(self, plan: Plan, shape: BatchShape, now: float, swap_out: list | None):
         """Apply a validated plan: preemptions first (their blocks serve the same plan), then
-        admission and KV allocation. Swap traffic is added to `shape`. Returns the swap-outs
-        (appended to `swap_out`), the swap-ins and the number of requests admitted."""
+        admission and KV allocation. Swap traffic and the items' work are added to `shape`.
+        Returns the swap-outs (appended to `swap_out`), the swap-ins and the number of requests
+        admitted."""
         swap_in = None
         for s, mode in plan.preempt:
             if mode != RECOMPUTE:
@@ -235,6 +241,12 @@ class StepLoop:
         admitted = 0
         kv = self.kv
         bs = kv.block_size
+        cache_decode = kv.cache_decode
+        # The batch's features are summed in this same walk over the items, with `add_work`'s
+        # arithmetic inlined (`_work_of` once an item is applied: a waiting one's offset is its
+        # prefix hit): one pass per step instead of two, and no tuple per item.
+        prefill_tokens = prefill_seqs = decode_seqs = decode_kv = prefill_kv = 0
+        pairs = 0.0
         for s, n in plan.items:
             status = s.status
             if status is not _RUNNING:
@@ -253,13 +265,29 @@ class StepLoop:
                     s.first_scheduled = now
                 self.running.append(s)
                 admitted += 1
-            if s.num_computed + n > len(s.blocks) * bs:
+            offset = s.num_computed
+            upto = offset + n
+            if upto > len(s.blocks) * bs:
                 self._guard_kv(kv.allocate, s, n)
-            if (s.num_computed + n) // bs > s.num_cached_blocks and (kv.cache_decode or s.is_prefill):
-                if kv.cache_decode:
-                    kv.register(s, s.num_computed + n)  # cached when scheduled, as vLLM's allocate_slots does
+            if upto // bs > s.num_cached_blocks and (cache_decode or s.is_prefill):
+                if cache_decode:
+                    kv.register(s, upto)  # cached when scheduled, as vLLM's allocate_slots does
                 else:
-                    self._register_at_completion.append((s, s.num_computed + n))
+                    self._register_at_completion.append((s, upto))
+            if n == 1 and s.num_generated > 0 and offset + 1 == s.req.prompt_len + s.num_generated:
+                decode_seqs += 1
+                decode_kv += offset + 1
+            else:
+                prefill_tokens += n
+                prefill_seqs += 1
+                prefill_kv += offset + n
+                pairs += n * (offset + (n + 1) / 2)
+        shape.num_prefill_tokens += prefill_tokens
+        shape.num_prefill_seqs += prefill_seqs
+        shape.prefill_attn_pairs += pairs
+        shape.prefill_kv_tokens += prefill_kv
+        shape.num_decode_seqs += decode_seqs
+        shape.decode_kv_tokens += decode_kv
         if admitted:
             self._drop_admitted_from_waiting(admitted)
         return swap_out, swap_in, admitted
@@ -280,35 +308,19 @@ class StepLoop:
         if (self.drafter is not None or not self._steady or self._is_steady is None or len(items) != len(self.running)
                 or batch.shape.num_prefill_seqs or not self._is_steady(self.view)):
             return False
-        k_max = min(s.req.output_len - s.num_generated for s, _ in items)
+        k_max = min([s.req.output_len - s.num_generated for s, _ in items])
         if k_max < 2:
             return False
-        shape = batch.shape
-        n = shape.num_decode_seqs
-        ctx0 = shape.decode_kv_tokens
-        ends = []
-        t = batch.start
-        for i in range(k_max):
-            if i and t >= next_arrival:
-                break
-            shape.decode_kv_tokens = ctx0 + i * n
-            end = t + step_time(shape)
-            if end >= horizon:
-                break
-            ends.append(end)
-            t = end
-        shape.decode_kv_tokens = ctx0
+        if self._cost_step is not None and step_time == self._cost_step:
+            ends = self._run_ends(batch.shape, batch.start, k_max, next_arrival, horizon)
+        else:
+            ends = decode_run_ends(step_time, batch.shape, batch.start, k_max, next_arrival, horizon)
         k = len(ends)
-        if k < 2 or batch.start + (t - batch.start) != t:  # the clock adds the run's length to now: stay bit-exact
+        # the clock adds the run's length to now: stay bit-exact
+        if k < 2 or batch.start + (ends[-1] - batch.start) != ends[-1]:
             return False
-        kv, bs = self.kv, self.kv.block_size
-        need = sum(max(0, -(-(s.num_computed + k) // bs) - len(s.blocks)) for s, _ in items)
-        if need > kv.num_free_blocks:
+        if not self.kv.grow_decode_run([s for s, _ in items], k):
             return False
-        for s, _ in items:
-            kv.allocate(s, k)
-            if kv.cache_decode:
-                kv.register(s, s.num_computed + k)
         batch.ends = ends
         self.series.steps[-1] = k
         return True
@@ -333,7 +345,15 @@ class StepLoop:
         for s, n in batch.items:
             s.num_computed += n
             if s.num_computed == s.req.prompt_len + s.num_generated:
-                record_token(s, now, itl)
+                # record_token(s, now, itl), inlined: once per request per step
+                s.num_generated += 1
+                if s.first_token_time < 0:
+                    s.first_token_time = now
+                else:
+                    itl.append(now - s.last_token_time)
+                s.last_token_time = now
+                if s.token_times is not None:
+                    s.token_times.append(now)
                 if s.num_generated >= s.req.output_len:
                     self._finish(s, now)
                     any_finished = True
@@ -397,6 +417,23 @@ class StepLoop:
                     self._on_finish(s, self.view)
 
     # --- helpers ------------------------------------------------------------------------
+    def _plainly_valid(self, items: list[tuple[RequestState, int]]) -> bool:
+        """True when a plan with no preemptions keeps every rule of `_validate`: its checks, in one
+        cheap pass (this runs every step). False sends the plan to `_validate`, which names the first
+        rule broken, so a bad plan fails exactly as it always did."""
+        if len(items) > self.limits.max_num_seqs:
+            return False
+        live = self.live
+        total = 0
+        for s, n in items:
+            if live.get(s.req.id) is not s or type(n) is not int or n < 1:
+                return False
+            known = s.req.prompt_len + s.num_generated
+            if n > (known - s.num_computed if (s.blocks or s.status is _SWAPPED) else known):
+                return False
+            total += n
+        return total <= self.limits.max_num_batched_tokens and len({s for s, _ in items}) == len(items)
+
     def _validate(self, plan: Plan) -> None:
         name, live = self.policy_name, self.live
         preempted = set()
