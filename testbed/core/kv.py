@@ -333,12 +333,40 @@ class BlockManager:
         needs = [-(-(s.num_computed + k) // bs) - len(s.blocks) for s in states]
         if sum([n for n in needs if n > 0]) > len(self._queue):
             return False
-        register = self.register if self.cache_decode else None
+        # `_grab` and `register`'s tagging of a request's own blocks, inlined (a request mostly takes
+        # 0 or 1 block here, so the calls would cost more than the work); blocks inside a shared
+        # prefix, and a subclass's own register, take the calls
+        pop, ref, own_rid, key_of = self._queue.popitem, self._ref, self._own_rid, self._key_of
+        own_idx, own_seq = self._own_idx, self._own_seq
+        tag = self.cache_decode and self.enable_prefix_caching
+        inline_register = type(self).register is BlockManager.register
         for s, need in zip(states, needs):
-            if need > 0:
-                self._grab(s.blocks, need)
-            if register is not None and (s.num_computed + k) // bs > s.num_cached_blocks:
-                register(s, s.num_computed + k)
+            blocks = s.blocks
+            while need > 0:
+                b = pop(last=False)[0]
+                if own_rid[b] >= 0:
+                    own_rid[b] = -1
+                elif b in key_of:
+                    self._drop_key(b)
+                ref[b] = 1
+                blocks.append(b)
+                need -= 1
+            if tag:
+                full = (s.num_computed + k) // bs
+                i = s.num_cached_blocks
+                if full > i:
+                    keys = s._block_keys
+                    if not inline_register or keys is None or len(keys) > i:
+                        self.register(s, s.num_computed + k)
+                        continue
+                    rid, seq = s.req.id, self._seq
+                    while i < full:
+                        b = blocks[i]
+                        own_rid[b], own_idx[b], own_seq[b] = rid, i, seq
+                        seq += 1
+                        i += 1
+                    self._seq = seq
+                    s.num_cached_blocks = i
         return True
 
     def free(self, state: RequestState, finished: bool = False) -> None:
