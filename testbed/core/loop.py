@@ -268,7 +268,10 @@ class StepLoop:
             offset = s.num_computed
             upto = offset + n
             if upto > len(s.blocks) * bs:
-                self._guard_kv(kv.allocate, s, n)
+                try:  # self._guard_kv(kv.allocate, s, n), one call less per allocation
+                    kv.allocate(s, n)
+                except KVCapacityError as e:
+                    raise PlanError(self.policy_name, "kv-capacity", f"request {s.req.id}: {e}") from None
             if upto // bs > s.num_cached_blocks and (cache_decode or s.is_prefill):
                 if cache_decode:
                     kv.register(s, upto)  # cached when scheduled, as vLLM's allocate_slots does

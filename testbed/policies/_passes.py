@@ -65,6 +65,7 @@ def run_running(view, plan: Plan, order: list[RequestState], b: StepBudget, mode
     # kv.blocks_needed) are inlined; a request in any other state asks the view.
     bs = view.block_size
     items = plan.items
+    first = len(items)
     tokens, free = b.tokens, b.free_blocks
     while i < last and tokens > 0:
         s = order[i]
@@ -88,11 +89,11 @@ def run_running(view, plan: Plan, order: list[RequestState], b: StepBudget, mode
         if last == i:  # the request preempted itself
             break
         items.append((s, n))  # plan.schedule(s, n)
-        if preview is not None:
-            preview.schedule(s, n)
         free -= need
         tokens -= n
         i += 1
+    if preview is not None:  # told of this pass's items at once (preempting tells it nothing)
+        preview.schedule_items(items[first:])
     b.tokens, b.free_blocks = tokens, free
     b.seqs += last  # those not preempted hold their place in the running set
     b.preempted = b.preempted or bool(victims)
