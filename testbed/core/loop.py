@@ -385,12 +385,12 @@ class StepLoop:
         ends = batch.ends
         k = len(ends)
         gaps = [ends[i] - ends[i - 1] for i in range(1, k)]
-        end = ends[-1]
-        itl = self.itl
+        first, end = ends[0], ends[-1]
+        append, extend = self.itl.append, self.itl.extend  # once per request per run
         any_finished = False
         for s, _ in batch.items:
-            itl.append(ends[0] - s.last_token_time)
-            itl.extend(gaps)
+            append(first - s.last_token_time)
+            extend(gaps)
             if s.token_times is not None:
                 s.token_times.extend(ends)
             s.num_computed += k

@@ -23,7 +23,7 @@ def arrival_order(s: RequestState) -> tuple[float, int]:
     return (s.req.arrival, s.req.id)
 
 
-@dataclass
+@dataclass(slots=True)
 class StepBudget:
     """What is left of this step as a policy fills it."""
 

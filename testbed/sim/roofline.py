@@ -175,7 +175,8 @@ class RooflineCostModel:
             dt = base + (kv if kv > attn else attn)  # max(attn, kv)
             if allreduce is not None:
                 dt += allreduce
-            dt = dt + swap
+            if swap:  # dt + 0.0 is dt (a step's time is positive)
+                dt = dt + swap
             if per_seq is not None:
                 dt += per_seq
             end = t + dt
