@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from testbed.core.cost import BatchShape, CostModel, add_work, decode_run_ends
 from testbed.core.kv import BlockManager, KVCapacityError
 from testbed.core.plan import PREEMPT_MODES, RECOMPUTE, Plan, PlanError
-from testbed.core.policy import Policy
+from testbed.core.policy import BasePolicy, Policy
 from testbed.core.request import Request, RequestState, Status
 from testbed.core.spec_decode import Drafter
 from testbed.core.view import SchedulerView
@@ -105,8 +105,8 @@ class StepLoop:
         # the next step, scheduler.py L3915-3919), so a request later in the same step cannot hit them
         self._register_at_completion: list[tuple[RequestState, int]] = []
         self._offload = hasattr(kv, "take_loaded_blocks")  # kv.offload_gb: admissions may load blocks from host
-        self._on_arrival = getattr(policy, "on_arrival", None)
-        self._on_finish = getattr(policy, "on_finish", None)
+        self._on_arrival = _hook(policy, "on_arrival")
+        self._on_finish = _hook(policy, "on_finish")
         # disaggregated prefill/decode (testbed/sim/disaggregated.py): a prefill replica keeps a
         # finished request's KV until its transfer is done; a decode replica holds the blocks of
         # prompts whose KV is on its way (by request id)
@@ -343,21 +343,24 @@ class StepLoop:
         if batch.drafts is not None:
             self._complete_verify(batch, now)
             return
-        itl = self.itl
+        append = self.itl.append
         any_finished = False
         for s, n in batch.items:
-            s.num_computed += n
-            if s.num_computed == s.req.prompt_len + s.num_generated:
-                # record_token(s, now, itl), inlined: once per request per step
-                s.num_generated += 1
+            computed = s.num_computed + n
+            s.num_computed = computed
+            req = s.req
+            if computed == req.prompt_len + s.num_generated:
+                # record_token(s, now, self.itl), inlined: once per request per step
+                generated = s.num_generated + 1
+                s.num_generated = generated
                 if s.first_token_time < 0:
                     s.first_token_time = now
                 else:
-                    itl.append(now - s.last_token_time)
+                    append(now - s.last_token_time)
                 s.last_token_time = now
                 if s.token_times is not None:
                     s.token_times.append(now)
-                if s.num_generated >= s.req.output_len:
+                if generated >= req.output_len:
                     self._finish(s, now)
                     any_finished = True
         if any_finished:
@@ -429,9 +432,10 @@ class StepLoop:
         live = self.live
         total = 0
         for s, n in items:
-            if live.get(s.req.id) is not s or type(n) is not int or n < 1:
+            req = s.req
+            if live.get(req.id) is not s or type(n) is not int or n < 1:
                 return False
-            known = s.req.prompt_len + s.num_generated
+            known = req.prompt_len + s.num_generated
             if n > (known - s.num_computed if (s.blocks or s.status is _SWAPPED) else known):
                 return False
             total += n
@@ -579,6 +583,13 @@ def record_token(s: RequestState, now: float, itl: list[float]) -> None:
     s.last_token_time = now
     if s.token_times is not None:
         s.token_times.append(now)
+
+
+def _hook(policy: Policy, name: str):
+    """The policy's hook, or None where it has none or keeps BasePolicy's no-op (not worth a call
+    per arrival or per finished request, nor a walk over the finishing step's items)."""
+    hook = getattr(policy, name, None)
+    return None if getattr(hook, "__func__", None) is getattr(BasePolicy, name) else hook
 
 
 def _arrival_order(s: RequestState) -> tuple[float, int]:

@@ -69,13 +69,14 @@ def run_running(view, plan: Plan, order: list[RequestState], b: StepBudget, mode
     tokens, free = b.tokens, b.free_blocks
     while i < last and tokens > 0:
         s = order[i]
-        n = want(s) if want else s.req.prompt_len + s.num_generated - s.num_computed
+        computed = s.num_computed
+        n = want(s) if want else s.req.prompt_len + s.num_generated - computed
         if n > tokens:
             n = tokens
         if cap and n > cap:
             n = cap
         if s.status is _RUNNING:
-            need = -(-(s.num_computed + n) // bs) - len(s.blocks)
+            need = -(-(computed + n) // bs) - len(s.blocks)
             if need < 0:
                 need = 0
         else:
