@@ -467,6 +467,9 @@ class BlockManager:
         assert host == self._host_used, f"host blocks used {self._host_used}, swapped states hold {host}"
 
 
+_ITEMS = object()  # KVPreview._pending: an entry holding a list of scheduled (request, tokens) items
+
+
 class KVPreview:
     """The cache as a plan's earlier items will leave it, read-only, for a policy that admits
     the way vLLM does: one request after another, each seeing the blocks those before it
@@ -501,14 +504,19 @@ class KVPreview:
         self._pending.append((state, num_tokens, None))
 
     def schedule_items(self, items: list[tuple[RequestState, int]]) -> None:
-        """`schedule` for each (running request, tokens) item, in order, in one call."""
-        self._pending.extend([(state, n, None) for state, n in items])
+        """`schedule` for each (running request, tokens) item, in order, in one call (kept as the list:
+        most plans never play it)."""
+        self._pending.append((_ITEMS, items, None))
 
     def _catch_up(self) -> None:
         kv, bs = self.kv, self.kv.block_size
         for state, n, admitted in self._pending:
             if state is None:
                 self._take(n)
+            elif state is _ITEMS:
+                for s, k in n:
+                    self._take(kv.blocks_needed(s, k))
+                    self._register(s, s.num_cached_blocks, s.num_computed + k)
             elif admitted is None:
                 self._take(kv.blocks_needed(state, n))
                 self._register(state, state.num_cached_blocks, state.num_computed + n)

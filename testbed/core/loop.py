@@ -9,6 +9,7 @@ and the engine cannot disagree about what a policy did.
 from __future__ import annotations
 
 import bisect
+from operator import itemgetter
 from dataclasses import dataclass, field
 
 from testbed.core.cost import BatchShape, CostModel, add_work, decode_run_ends
@@ -20,6 +21,7 @@ from testbed.core.spec_decode import Drafter
 from testbed.core.view import SchedulerView
 
 _WAITING, _RUNNING, _SWAPPED = Status.WAITING, Status.RUNNING, Status.SWAPPED
+_state_of = itemgetter(0)  # of a plan's (request, tokens) item
 
 
 @dataclass
@@ -439,7 +441,7 @@ class StepLoop:
             if n > (known - s.num_computed if (s.blocks or s.status is _SWAPPED) else known):
                 return False
             total += n
-        return total <= self.limits.max_num_batched_tokens and len({s for s, _ in items}) == len(items)
+        return total <= self.limits.max_num_batched_tokens and len(set(map(_state_of, items))) == len(items)
 
     def _validate(self, plan: Plan) -> None:
         name, live = self.policy_name, self.live
