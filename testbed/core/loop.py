@@ -9,8 +9,8 @@ and the engine cannot disagree about what a policy did.
 from __future__ import annotations
 
 import bisect
-from operator import itemgetter
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from testbed.core.cost import BatchShape, CostModel, add_work, decode_run_ends
 from testbed.core.kv import BlockManager, KVCapacityError
