@@ -44,8 +44,9 @@ def prefix_block_keys(req: Request, block_size: int) -> tuple[int, ...]:
         key = hash((key, x))
         chain.append(key)
     # the content of tokens [0, end) is trace blocks 0..m (m = (end - 1) // p) and end's offset in m
-    return tuple(hash((chain[(end - 1) // p], end - (end - 1) // p * p))
-                 for end in range(block_size, covered // block_size * block_size + 1, block_size))
+    # (a list comprehension, each trace block index computed once: this runs over every block of every prompt)
+    return tuple([hash((chain[(m := (end - 1) // p)], end - m * p))
+                  for end in range(block_size, covered // block_size * block_size + 1, block_size)])
 
 
 class BlockManager:
@@ -221,8 +222,9 @@ class BlockManager:
         blocks = state.blocks
         keys = self.prefix_keys(state)
         cached, key_of = self._cached, self._key_of
-        while i < min(full, len(keys)):
-            key, b = keys[i], blocks[i]
+        shared = min(full, len(keys))
+        for j in range(i, shared):  # once per shared-prefix block of every prompt
+            key, b = keys[j], blocks[j]
             holders = cached.get(key)
             if holders is None:
                 cached[key] = [b]
@@ -230,13 +232,13 @@ class BlockManager:
                 # SGLang's radix tree already holds this content (a request prefilled in the same
                 # step inserted it first): the insert frees the duplicate and the request reads
                 # the tree's copy (radix_cache.py cache_unfinished_req / cache_finished_req)
-                self._swap_for_cached(blocks, i, holders[0])
-                i += 1
+                self._swap_for_cached(blocks, j, holders[0])
                 continue
             else:
                 holders.append(b)
             key_of[b] = key
-            i += 1
+        if i < shared:
+            i = shared
         if i < full:
             rid, own_rid, own_idx, own_seq = state.req.id, self._own_rid, self._own_idx, self._own_seq
             seq = self._seq
