@@ -16,6 +16,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from testbed.app import compose_once
 from testbed.app.config import register_configs
 from testbed.app.stop import exit_code, signal_name, stop_on_signals
 from testbed.app.validate import check_config
@@ -25,6 +26,7 @@ log = logging.getLogger("testbed")
 STALLED_EXIT = 3  # the run ended with work its policy would not schedule (interrupted: 128 + signal)
 
 register_configs()
+compose_once.install()
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

@@ -20,7 +20,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.app.frontend import to_engine_queue
-from testbed.app.metrics import request_table, summarize
+from testbed.app.metrics import request_table, summarize, take_itl_ms
 from testbed.core.request import Request, RequestState, Status
 from testbed.core.specs import HardwareSpec, ModelSpec
 from testbed.sim.disaggregated import DisaggOutcome, DisaggSimulation, Handoff, Pool
@@ -160,10 +160,9 @@ def disagg_results(cfg: DictConfig, cfgs: dict, setups: dict, outcome: DisaggOut
         default = -1 if k < 2 else math.nan
         table[col] = table["id"].map(lambda i, k=k, d=default: extra[i][k] if i in extra else d)
     loops = pre.loops + dec.loops
-    itl = np.concatenate([np.asarray(l.itl) for l in dec.loops])
-    summary = summarize(table, itl, setups["prefill"].slo,
+    summary = summarize(table, None, setups["prefill"].slo,
                         (sum(l.kv.hit_tokens for l in loops), sum(l.kv.queried_tokens for l in loops)),
-                        clock.tail_s if clock is not None else 0.0)
+                        clock.tail_s if clock is not None else 0.0, itl_ms=take_itl_ms(dec.loops))
     summary.update(policy=cfg.policy.name, trace=cfg.trace.name, model=setups["prefill"].model.name,
                    hardware=setups["prefill"].hardware.name, cost_model=setups["prefill"].cost.name, backend="sim",
                    kv_blocks=pre.loops[0].kv.num_blocks, block_size=cfg.kv.block_size, seed=cfg.seed,

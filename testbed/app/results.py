@@ -11,10 +11,14 @@ import json
 import math
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+import numpy as np
 
 from testbed.core.loop import StepSeries
+
+if TYPE_CHECKING:  # imported where tables are built: a rerun's skip check and the CLI's table need no pandas
+    import pandas as pd
 
 
 def _clean(x):
@@ -32,14 +36,27 @@ def summary_json(summary: dict) -> str:
 
 
 def steps_frame(series_by_replica: list[StepSeries]) -> pd.DataFrame:
+    import pandas as pd
+
     frames = []
     for replica, series in enumerate(series_by_replica):
-        cols = {f.name: getattr(series, f.name) for f in fields(series)}
-        n = len(cols["duration"])  # a step planned but not completed (horizon) has no duration
-        df = pd.DataFrame({k: v[:n] for k, v in cols.items()})
+        n = len(series.duration)  # a step planned but not completed (horizon) has no duration
+        df = pd.DataFrame({f.name: _numeric_column(getattr(series, f.name), n) for f in fields(series)})
         df.insert(0, "replica", replica)
         frames.append(df)
+    if len(frames) == 1:  # already indexed 0..n-1: concat would only copy it
+        return frames[0]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _numeric_column(values, n: int):
+    """The first `n` values as a numpy array, typed as pandas types a list of them (Python ints: int64,
+    any float: float64) but without pandas' per-value inference; other values stay a list for pandas."""
+    if n:
+        column = np.array(values if len(values) == n else values[:n])
+        if column.dtype in (np.int64, np.float64):
+            return column
+    return values[:n]
 
 
 FAILED = "failed.json"  # a run that ended in an exception, or whose process was killed: why

@@ -28,7 +28,7 @@ from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
 from testbed.app.spec_decode import drafter_factory
 from testbed.core.spec_decode import Drafter, DraftStats
 from testbed.app.frontend import ClientClock, FrontendConfig, to_engine_queue
-from testbed.app.metrics import SLO, request_table, summarize
+from testbed.app.metrics import SLO, request_table, summarize, take_itl_ms
 from testbed.app.plugins import make_policy, make_router
 from testbed.core.request import Request
 from testbed.app.results import steps_frame
@@ -44,7 +44,8 @@ class RunResult:
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict
-    wall_s: float
+    wall_s: float  # the whole of simulate()/replay(): trace, run, results
+    run_s: float | None = None  # the simulation (or replay) proper
 
 
 def _obj(cfg: Any, cls):
@@ -327,10 +328,9 @@ def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, 
     table = request_table(states, outcome.not_arrived, setup.load_rejects,
                           "interrupted before it arrived" if outcome.interrupted else "arrives after the horizon", clock,
                           outcome.not_arrived_reasons)
-    itl = np.concatenate([np.asarray(loop.itl) for loop in outcome.loops]) if outcome.loops else np.empty(0)
     loops = outcome.loops
-    summary = summarize(table, itl, setup.slo, (sum(l.kv.hit_tokens for l in loops), sum(l.kv.queried_tokens for l in loops)),
-                        clock.tail_s if clock is not None else 0.0)
+    summary = summarize(table, None, setup.slo, (sum(l.kv.hit_tokens for l in loops), sum(l.kv.queried_tokens for l in loops)),
+                        clock.tail_s if clock is not None else 0.0, itl_ms=take_itl_ms(loops))
     summary.update(policy=cfg.policy.name, trace=cfg.trace.name, model=setup.model.name, hardware=setup.hardware.name,
                    cost_model=setup.cost.name, backend=backend, kv_blocks=loops[0].kv.num_blocks,
                    block_size=cfg.kv.block_size, seed=cfg.seed, stalled=outcome.stalled,
@@ -409,11 +409,15 @@ def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: Mod
                          build_router(cfg), cfg.backend.horizon_s, cfg.backend.fast_forward, progress,
                          cfg.backend.async_scheduling, sessions)
         with gc_paused():
+            t_run = time.perf_counter()
             outcome = sim.run(stop)
+            run_s = time.perf_counter() - t_run
             if sessions is not None:  # a turn's arrival is when it was released, not its timestamp
                 clock.arrival_s.update((s.req.id, s.req.arrival) for loop in outcome.loops for s in loop.states)
                 clock.arrival_s.update((r.id, r.arrival) for r in outcome.not_arrived)
-            return finish(cfg, setup, outcome, "sim", t0, clock)
+            result = finish(cfg, setup, outcome, "sim", t0, clock)
+    result.run_s = run_s
+    return result
 
 
 def closed_loop_sessions(cfg: DictConfig, setup: Setup):
@@ -493,5 +497,5 @@ def in_multirun() -> bool:
 def run_info(result: RunResult) -> dict:
     import simpy
 
-    return {"wall_s": result.wall_s, "python": platform.python_version(), "simpy": simpy.__version__,
+    return {"wall_s": result.wall_s, "run_s": result.run_s, "python": platform.python_version(), "simpy": simpy.__version__,
             "numpy": np.__version__, "pandas": pd.__version__, "host": platform.node()}

@@ -16,14 +16,17 @@ import atexit
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import yaml
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from testbed.app.results import FAILED, RunNotComplete, record_failure, run_status
+
+if TYPE_CHECKING:  # the callback is built by every run (conf/config.yaml): tables are a sweep's end only
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,8 @@ _JOB_FILES = ("summary.json", "capacity.json", FAILED, ".hydra")  # .hydra: Hydr
 
 def collect(sweep_dir: str | Path) -> pd.DataFrame:
     """Every job folder under `sweep_dir`, one row each: its status, overrides and summary."""
+    import pandas as pd
+
     root = Path(sweep_dir)
     jobs = sorted(d for d in root.iterdir() if d.is_dir() and any((d / f).exists() for f in _JOB_FILES)) \
         if root.is_dir() else []

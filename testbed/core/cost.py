@@ -92,6 +92,33 @@ def add_work(shape: BatchShape, work: Iterable[tuple[int, int, bool]]) -> None:
     shape.decode_kv_tokens += decode_kv
 
 
+def decode_run_ends(step_time, shape: BatchShape, start: float, k_max: int, next_arrival: float,
+                    horizon: float) -> list[float]:
+    """The end times of a run of up to `k_max` decode steps from `start`, each step's contexts one token
+    longer per sequence than the last: every step that starts before `next_arrival` (the first always
+    does) and ends before `horizon`. Ends are summed one step at a time, as the clock would. `shape` is
+    the run's first step; it is left as it was. A cost model may offer the same as its own
+    `decode_run_ends(shape, start, k_max, next_arrival, horizon)`, in one call (the step loop asks for
+    it once per fast-forwarded run); this is the one for any `step_time`."""
+    n = shape.num_decode_seqs
+    ctx0 = shape.decode_kv_tokens
+    ends = []
+    t = start
+    try:
+        for i in range(k_max):
+            if i and t >= next_arrival:
+                break
+            shape.decode_kv_tokens = ctx0 + i * n
+            end = t + step_time(shape)
+            if end >= horizon:
+                break
+            ends.append(end)
+            t = end
+    finally:
+        shape.decode_kv_tokens = ctx0
+    return ends
+
+
 class CostModel(Protocol):
     name: str
 

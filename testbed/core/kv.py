@@ -44,8 +44,9 @@ def prefix_block_keys(req: Request, block_size: int) -> tuple[int, ...]:
         key = hash((key, x))
         chain.append(key)
     # the content of tokens [0, end) is trace blocks 0..m (m = (end - 1) // p) and end's offset in m
-    return tuple(hash((chain[(end - 1) // p], end - (end - 1) // p * p))
-                 for end in range(block_size, covered // block_size * block_size + 1, block_size))
+    # (a list comprehension, each trace block index computed once: this runs over every block of every prompt)
+    return tuple([hash((chain[(m := (end - 1) // p)], end - m * p))
+                  for end in range(block_size, covered // block_size * block_size + 1, block_size)])
 
 
 class BlockManager:
@@ -221,8 +222,9 @@ class BlockManager:
         blocks = state.blocks
         keys = self.prefix_keys(state)
         cached, key_of = self._cached, self._key_of
-        while i < min(full, len(keys)):
-            key, b = keys[i], blocks[i]
+        shared = min(full, len(keys))
+        for j in range(i, shared):  # once per shared-prefix block of every prompt
+            key, b = keys[j], blocks[j]
             holders = cached.get(key)
             if holders is None:
                 cached[key] = [b]
@@ -230,22 +232,24 @@ class BlockManager:
                 # SGLang's radix tree already holds this content (a request prefilled in the same
                 # step inserted it first): the insert frees the duplicate and the request reads
                 # the tree's copy (radix_cache.py cache_unfinished_req / cache_finished_req)
-                self._swap_for_cached(blocks, i, holders[0])
-                i += 1
+                self._swap_for_cached(blocks, j, holders[0])
                 continue
             else:
                 holders.append(b)
             key_of[b] = key
-            i += 1
+        if i < shared:
+            i = shared
         if i < full:
             rid, own_rid, own_idx, own_seq = state.req.id, self._own_rid, self._own_idx, self._own_seq
             seq = self._seq
-            while i < full:
-                b = blocks[i]
-                own_rid[b], own_idx[b], own_seq[b] = rid, i, seq
+            for j in range(i, full):  # once per block of every prompt: a for over a range is the cheapest loop
+                b = blocks[j]
+                own_rid[b] = rid
+                own_idx[b] = j
+                own_seq[b] = seq
                 seq += 1
-                i += 1
             self._seq = seq
+            i = full
         state.num_cached_blocks = i
 
     # --- allocation -------------------------------------------------------------------------
@@ -306,15 +310,15 @@ class BlockManager:
     def _grab(self, blocks: list[int], need: int) -> None:
         """Append `need` blocks from the free queue's head to `blocks` (evicting what they
         cached); capacity was checked."""
-        queue, ref, own_rid, key_of = self._queue, self._ref, self._own_rid, self._key_of
-        for _ in range(need):
-            b, _ = queue.popitem(last=False)
+        pop, ref, own_rid, key_of, append = self._queue.popitem, self._ref, self._own_rid, self._key_of, blocks.append
+        for _ in range(need):  # once per block of every request: bound methods, positional `last`
+            b = pop(False)[0]
             if own_rid[b] >= 0:
                 own_rid[b] = -1
             elif b in key_of:
                 self._drop_key(b)
             ref[b] = 1
-            blocks.append(b)
+            append(b)
 
     def allocate(self, state: RequestState, num_new_tokens: int) -> None:
         need = self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks)
@@ -323,6 +327,52 @@ class BlockManager:
         if need > len(self._queue):
             raise KVCapacityError(f"needed {need} KV blocks, {len(self._queue)} free")
         self._grab(state.blocks, need)
+
+    def grow_decode_run(self, states: list[RequestState], k: int) -> bool:
+        """A fast-forwarded run of `k` decode steps, in one call: each request (in order) takes the
+        blocks its next `k` tokens need and, caching decode tokens when scheduled, registers its full
+        blocks, as `allocate` then `register` would per step. False, changing nothing, when the free
+        blocks do not cover them all."""
+        bs = self.block_size
+        needs = [-(-(s.num_computed + k) // bs) - len(s.blocks) for s in states]
+        if sum([n for n in needs if n > 0]) > len(self._queue):
+            return False
+        # `_grab` and `register`'s tagging of a request's own blocks, inlined (a request mostly takes
+        # 0 or 1 block here, so the calls would cost more than the work); blocks inside a shared
+        # prefix, and a subclass's own register, take the calls
+        pop, ref, own_rid, key_of = self._queue.popitem, self._ref, self._own_rid, self._key_of
+        own_idx, own_seq = self._own_idx, self._own_seq
+        tag = self.cache_decode and self.enable_prefix_caching
+        inline_register = type(self).register is BlockManager.register
+        for s, need in zip(states, needs):
+            blocks = s.blocks
+            while need > 0:
+                b = pop(last=False)[0]
+                if own_rid[b] >= 0:
+                    own_rid[b] = -1
+                elif b in key_of:
+                    self._drop_key(b)
+                ref[b] = 1
+                blocks.append(b)
+                need -= 1
+            if tag:
+                full = (s.num_computed + k) // bs
+                i = s.num_cached_blocks
+                if full > i:
+                    keys = s._block_keys
+                    if not inline_register or keys is None or len(keys) > i:
+                        self.register(s, s.num_computed + k)
+                        continue
+                    rid, seq = s.req.id, self._seq
+                    for j in range(i, full):
+                        b = blocks[j]
+                        own_rid[b] = rid
+                        own_idx[b] = j
+                        own_seq[b] = seq
+                        seq += 1
+                    self._seq = seq
+                    s.num_cached_blocks = full
+        return True
 
     def free(self, state: RequestState, finished: bool = False) -> None:
         """Release every block, tail first: cached ones to the free queue's end (evicted last,
@@ -340,10 +390,12 @@ class BlockManager:
                 k = state.num_cached_blocks
             k = max(k, min(len(blocks), state.num_computed // self.block_size))
         if not state.req.prefix_hashes and k < PRIVATE:
-            # the common case, at C speed: nobody else holds its blocks, the first k are cached
+            # the common case: nobody else holds its blocks, the first k are cached (one store per
+            # block: OrderedDict.update(dict.fromkeys(...)) measured a third slower than this loop)
             for b in blocks:
                 ref[b] = 0
-            queue.update(dict.fromkeys(reversed(blocks[:k])))
+            for b in reversed(blocks[:k]):
+                queue[b] = None
             first = blocks[k:][::-1]
         else:
             first = []
@@ -417,6 +469,9 @@ class BlockManager:
         assert host == self._host_used, f"host blocks used {self._host_used}, swapped states hold {host}"
 
 
+_ITEMS = object()  # KVPreview._pending: an entry holding a list of scheduled (request, tokens) items
+
+
 class KVPreview:
     """The cache as a plan's earlier items will leave it, read-only, for a policy that admits
     the way vLLM does: one request after another, each seeing the blocks those before it
@@ -450,11 +505,20 @@ class KVPreview:
         """A running request is given `num_tokens` more."""
         self._pending.append((state, num_tokens, None))
 
+    def schedule_items(self, items: list[tuple[RequestState, int]]) -> None:
+        """`schedule` for each (running request, tokens) item, in order, in one call (kept as the list:
+        most plans never play it)."""
+        self._pending.append((_ITEMS, items, None))
+
     def _catch_up(self) -> None:
         kv, bs = self.kv, self.kv.block_size
         for state, n, admitted in self._pending:
             if state is None:
                 self._take(n)
+            elif state is _ITEMS:
+                for s, k in n:
+                    self._take(kv.blocks_needed(s, k))
+                    self._register(s, s.num_cached_blocks, s.num_computed + k)
             elif admitted is None:
                 self._take(kv.blocks_needed(state, n))
                 self._register(state, state.num_cached_blocks, state.num_computed + n)

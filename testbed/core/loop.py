@@ -9,17 +9,20 @@ and the engine cannot disagree about what a policy did.
 from __future__ import annotations
 
 import bisect
+from array import array
 from dataclasses import dataclass, field
+from operator import itemgetter
 
-from testbed.core.cost import BatchShape, CostModel, add_work
+from testbed.core.cost import BatchShape, CostModel, add_work, decode_run_ends
 from testbed.core.kv import BlockManager, KVCapacityError
 from testbed.core.plan import PREEMPT_MODES, RECOMPUTE, Plan, PlanError
-from testbed.core.policy import Policy
+from testbed.core.policy import BasePolicy, Policy
 from testbed.core.request import Request, RequestState, Status
 from testbed.core.spec_decode import Drafter
 from testbed.core.view import SchedulerView
 
 _WAITING, _RUNNING, _SWAPPED = Status.WAITING, Status.RUNNING, Status.SWAPPED
+_state_of = itemgetter(0)  # of a plan's (request, tokens) item
 
 
 @dataclass
@@ -82,12 +85,17 @@ class StepLoop:
         self.kv = kv
         self.limits = limits
         self.cost_model = cost_model
+        # a fast-forwarded run's step times in one call, when the backend steps with this cost model
+        # and it offers that (looked up on its class: a wrapper's __getattr__ must not answer for it)
+        run_ends = getattr(type(cost_model), "decode_run_ends", None)
+        self._cost_step = cost_model.step_time if run_ends is not None else None
+        self._run_ends = run_ends.__get__(cost_model) if run_ends is not None else None
         self.record_token_times = record_token_times
         self.live: dict[int, RequestState] = {}  # waiting, swapped and running requests by id
         self.states: list[RequestState] = []  # every request that reached this loop
         self.waiting: list[RequestState] = []  # sorted by (arrival, id)
         self.running: list[RequestState] = []  # admission order
-        self.itl: list[float] = []  # every inter-token gap, for ITL percentiles
+        self.itl = array("d")  # every inter-token gap, for ITL percentiles: 8 bytes each (a list: 32)
         self.series = StepSeries()
         self.num_steps = 0  # engine steps completed (a fast-forwarded run counts each of its steps)
         self.view = SchedulerView(self)
@@ -100,8 +108,8 @@ class StepLoop:
         # the next step, scheduler.py L3915-3919), so a request later in the same step cannot hit them
         self._register_at_completion: list[tuple[RequestState, int]] = []
         self._offload = hasattr(kv, "take_loaded_blocks")  # kv.offload_gb: admissions may load blocks from host
-        self._on_arrival = getattr(policy, "on_arrival", None)
-        self._on_finish = getattr(policy, "on_finish", None)
+        self._on_arrival = _hook(policy, "on_arrival")
+        self._on_finish = _hook(policy, "on_finish")
         # disaggregated prefill/decode (testbed/sim/disaggregated.py): a prefill replica keeps a
         # finished request's KV until its transfer is done; a decode replica holds the blocks of
         # prompts whose KV is on its way (by request id)
@@ -187,7 +195,8 @@ class StepLoop:
             plan = self.policy.schedule(view)
             if not isinstance(plan, Plan):
                 raise PlanError(self.policy_name, "plan-type", f"schedule() returned {type(plan).__name__}, not a Plan")
-            self._validate(plan)
+            if plan.preempt or not self._plainly_valid(plan.items):
+                self._validate(plan)  # every rule, raising the first one the plan breaks
             shape = BatchShape()
             shape.swap_blocks = swap_blocks
             swap_out, swap_in, admitted = self._apply(plan, shape, now, swap_out)
@@ -203,7 +212,6 @@ class StepLoop:
             # ends. A loop, not a recursion: a policy may preempt one request a round with
             # a thousand running, past Python's recursion limit.
             swap_blocks = shape.swap_blocks
-        self._add_to_shape(shape, plan.items)
         drafts = None
         if self.drafter is not None:
             budget = self.limits.max_num_batched_tokens - plan.num_tokens
@@ -222,8 +230,9 @@ class StepLoop:
 
     def _apply(self, plan: Plan, shape: BatchShape, now: float, swap_out: list | None):
         """Apply a validated plan: preemptions first (their blocks serve the same plan), then
-        admission and KV allocation. Swap traffic is added to `shape`. Returns the swap-outs
-        (appended to `swap_out`), the swap-ins and the number of requests admitted."""
+        admission and KV allocation. Swap traffic and the items' work are added to `shape`.
+        Returns the swap-outs (appended to `swap_out`), the swap-ins and the number of requests
+        admitted."""
         swap_in = None
         for s, mode in plan.preempt:
             if mode != RECOMPUTE:
@@ -235,6 +244,12 @@ class StepLoop:
         admitted = 0
         kv = self.kv
         bs = kv.block_size
+        cache_decode = kv.cache_decode
+        # The batch's features are summed in this same walk over the items, with `add_work`'s
+        # arithmetic inlined (`_work_of` once an item is applied: a waiting one's offset is its
+        # prefix hit): one pass per step instead of two, and no tuple per item.
+        prefill_tokens = prefill_seqs = decode_seqs = decode_kv = prefill_kv = 0
+        pairs = 0.0
         for s, n in plan.items:
             status = s.status
             if status is not _RUNNING:
@@ -253,13 +268,32 @@ class StepLoop:
                     s.first_scheduled = now
                 self.running.append(s)
                 admitted += 1
-            if s.num_computed + n > len(s.blocks) * bs:
-                self._guard_kv(kv.allocate, s, n)
-            if (s.num_computed + n) // bs > s.num_cached_blocks and (kv.cache_decode or s.is_prefill):
-                if kv.cache_decode:
-                    kv.register(s, s.num_computed + n)  # cached when scheduled, as vLLM's allocate_slots does
+            offset = s.num_computed
+            upto = offset + n
+            if upto > len(s.blocks) * bs:
+                try:  # self._guard_kv(kv.allocate, s, n), one call less per allocation
+                    kv.allocate(s, n)
+                except KVCapacityError as e:
+                    raise PlanError(self.policy_name, "kv-capacity", f"request {s.req.id}: {e}") from None
+            if upto // bs > s.num_cached_blocks and (cache_decode or s.is_prefill):
+                if cache_decode:
+                    kv.register(s, upto)  # cached when scheduled, as vLLM's allocate_slots does
                 else:
-                    self._register_at_completion.append((s, s.num_computed + n))
+                    self._register_at_completion.append((s, upto))
+            if n == 1 and s.num_generated > 0 and offset + 1 == s.req.prompt_len + s.num_generated:
+                decode_seqs += 1
+                decode_kv += offset + 1
+            else:
+                prefill_tokens += n
+                prefill_seqs += 1
+                prefill_kv += offset + n
+                pairs += n * (offset + (n + 1) / 2)
+        shape.num_prefill_tokens += prefill_tokens
+        shape.num_prefill_seqs += prefill_seqs
+        shape.prefill_attn_pairs += pairs
+        shape.prefill_kv_tokens += prefill_kv
+        shape.num_decode_seqs += decode_seqs
+        shape.decode_kv_tokens += decode_kv
         if admitted:
             self._drop_admitted_from_waiting(admitted)
         return swap_out, swap_in, admitted
@@ -283,39 +317,26 @@ class StepLoop:
         if (self.drafter is not None or not self._steady or self._is_steady is None or len(items) != len(self.running)
                 or batch.shape.num_prefill_seqs or not self._is_steady(self.view)):
             return False
-        k_max = min(s.req.output_len - s.num_generated for s, _ in items)
+        k_max = min([s.req.output_len - s.num_generated for s, _ in items])
         if k_max < 2:
             return False
-        shape = batch.shape
-        n = shape.num_decode_seqs
-        ctx0 = shape.decode_kv_tokens
-        ends = []
-        t = batch.start
-        for i in range(k_max):
-            if i and t >= next_arrival:
-                break
-            shape.decode_kv_tokens = ctx0 + i * n
-            end = t + step_time(shape)
-            if end >= horizon:
-                break
-            ends.append(end)
-            t = end
-        shape.decode_kv_tokens = ctx0
+        if self._cost_step is not None and step_time == self._cost_step:
+            ends = self._run_ends(batch.shape, batch.start, k_max, next_arrival, horizon)
+        else:
+            ends = decode_run_ends(step_time, batch.shape, batch.start, k_max, next_arrival, horizon)
         k = len(ends)
-        if k < 2 or batch.start + (t - batch.start) != t:  # the clock adds the run's length to now: stay bit-exact
+        # the clock adds the run's length to now: stay bit-exact
+        if k < 2 or batch.start + (ends[-1] - batch.start) != ends[-1]:
             return False
-        kv, bs = self.kv, self.kv.block_size
-        need = sum(max(0, -(-(s.num_computed + k) // bs) - len(s.blocks)) for s, _ in items)
-        if need > kv.num_free_blocks:
-            return False
+        if allocate:
+            if not self.kv.grow_decode_run([s for s, _ in items], k):
+                return False
+        else:  # only the check of `grow_decode_run`
+            bs = self.kv.block_size
+            if sum([max(0, -(-(s.num_computed + k) // bs) - len(s.blocks)) for s, _ in items]) > self.kv.num_free_blocks:
+                return False
         batch.ends = ends
         self.series.steps[-1] = k
-        if not allocate:
-            return True
-        for s, _ in items:
-            kv.allocate(s, k)
-            if kv.cache_decode:
-                kv.register(s, s.num_computed + k)
         return True
 
     def complete(self, batch: Batch, now: float) -> None:
@@ -333,13 +354,24 @@ class StepLoop:
         if batch.drafts is not None:
             self._complete_verify(batch, now)
             return
-        itl = self.itl
+        append = self.itl.append
         any_finished = False
         for s, n in batch.items:
-            s.num_computed += n
-            if s.num_computed == s.req.prompt_len + s.num_generated:
-                record_token(s, now, itl)
-                if s.num_generated >= s.req.output_len:
+            computed = s.num_computed + n
+            s.num_computed = computed
+            req = s.req
+            if computed == req.prompt_len + s.num_generated:
+                # record_token(s, now, self.itl), inlined: once per request per step
+                generated = s.num_generated + 1
+                s.num_generated = generated
+                if s.first_token_time < 0:
+                    s.first_token_time = now
+                else:
+                    append(now - s.last_token_time)
+                s.last_token_time = now
+                if s.token_times is not None:
+                    s.token_times.append(now)
+                if generated >= req.output_len:
                     self._finish(s, now)
                     any_finished = True
         if any_finished:
@@ -367,12 +399,12 @@ class StepLoop:
         ends = batch.ends
         k = len(ends)
         gaps = [ends[i] - ends[i - 1] for i in range(1, k)]
-        end = ends[-1]
-        itl = self.itl
+        first, end = ends[0], ends[-1]
+        append, extend = self.itl.append, self.itl.extend  # once per request per run
         any_finished = False
         for s, _ in batch.items:
-            itl.append(ends[0] - s.last_token_time)
-            itl.extend(gaps)
+            append(first - s.last_token_time)
+            extend(gaps)
             if s.token_times is not None:
                 s.token_times.extend(ends)
             s.num_computed += k
@@ -402,6 +434,24 @@ class StepLoop:
                     self._on_finish(s, self.view)
 
     # --- helpers ------------------------------------------------------------------------
+    def _plainly_valid(self, items: list[tuple[RequestState, int]]) -> bool:
+        """True when a plan with no preemptions keeps every rule of `_validate`: its checks, in one
+        cheap pass (this runs every step). False sends the plan to `_validate`, which names the first
+        rule broken, so a bad plan fails exactly as it always did."""
+        if len(items) > self.limits.max_num_seqs:
+            return False
+        live = self.live
+        total = 0
+        for s, n in items:
+            req = s.req
+            if live.get(req.id) is not s or type(n) is not int or n < 1:
+                return False
+            known = req.prompt_len + s.num_generated
+            if n > (known - s.num_computed if (s.blocks or s.status is _SWAPPED) else known):
+                return False
+            total += n
+        return total <= self.limits.max_num_batched_tokens and len(set(map(_state_of, items))) == len(items)
+
     def _validate(self, plan: Plan) -> None:
         name, live = self.policy_name, self.live
         preempted = set()
@@ -544,6 +594,13 @@ def record_token(s: RequestState, now: float, itl: list[float]) -> None:
     s.last_token_time = now
     if s.token_times is not None:
         s.token_times.append(now)
+
+
+def _hook(policy: Policy, name: str):
+    """The policy's hook, or None where it has none or keeps BasePolicy's no-op (not worth a call
+    per arrival or per finished request, nor a walk over the finishing step's items)."""
+    hook = getattr(policy, name, None)
+    return None if getattr(hook, "__func__", None) is getattr(BasePolicy, name) else hook
 
 
 def _arrival_order(s: RequestState) -> tuple[float, int]:

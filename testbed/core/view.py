@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from testbed.core.cost import BatchShape
 from testbed.core.request import RequestState, Status
 
+_RUNNING = Status.RUNNING
+
 if TYPE_CHECKING:
     from testbed.core.kv import KVPreview
     from testbed.core.loop import StepLoop
@@ -98,8 +100,9 @@ class SchedulerView:
 
     def blocks_needed(self, s: RequestState, num_tokens: int) -> int:
         """Free blocks that scheduling `num_tokens` of this request would consume."""
-        if s.status is Status.RUNNING:
-            return self._kv.blocks_needed(s, num_tokens)
+        if s.status is _RUNNING:  # kv.blocks_needed, inlined: policies ask this per request per step
+            need = -(-(s.num_computed + num_tokens) // self._kv.block_size) - len(s.blocks)
+            return need if need > 0 else 0
         if s.status is Status.SWAPPED:
             return self._kv.blocks_for(s.num_computed + num_tokens)
         return self._kv.admission_blocks(s, num_tokens)

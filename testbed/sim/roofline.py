@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.core.cost import BatchShape
+from testbed.core.cost import BatchShape, decode_run_ends
 from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 
@@ -138,3 +138,51 @@ class RooflineCostModel:
         if self._per_decode_seq:
             t += s.num_decode_seqs * self._per_decode_seq
         return t
+
+    def decode_run_ends(self, s: BatchShape, start: float, k_max: int, next_arrival: float,
+                        horizon: float) -> list[float]:
+        """`testbed.core.cost.decode_run_ends` in one call: only the decode contexts change from step to
+        step, so what `step_time` computes from the rest is computed once, and each step's time is the
+        same float expression, evaluated in the same order, as `step_time` gives for it."""
+        tokens = s.num_prefill_tokens + s.num_decode_seqs + s.num_spec_tokens
+        if tokens == 0 or len(self._stages) != 1:
+            return decode_run_ends(self.step_time, s, start, k_max, next_arrival, horizon)
+        seqs = s.num_prefill_seqs + s.num_decode_seqs + s.num_spec_tokens
+        st = self._stages[0]
+        # _stage_time's invariants: its linear part (with the overhead it is added to first), the
+        # all-reduces; then step_time's swap traffic and per-sequence overhead
+        linear_flops = st.linear_flops_per_token * tokens + st.lm_head_flops_per_seq * seqs
+        weight_bytes = st.dense_weight_bytes
+        if self._moe is not None:
+            experts, k_over_e = self._moe
+            weight_bytes += experts * (1 - (1 - k_over_e) ** tokens) * st.expert_weight_bytes
+        base = self._overhead + max(linear_flops / self._peak, weight_bytes / self._bw)
+        allreduce = (self._tp_factor * st.allreduce_bytes_per_token * tokens / self._link_bw
+                     + st.num_allreduces * self._link_latency) if st.num_allreduces else None
+        swap = (s.swap_blocks + s.load_blocks) * self._swap_bytes_per_block
+        per_seq = s.num_decode_seqs * self._per_decode_seq if self._per_decode_seq else None
+        attn_per_pair, kv_per_token = st.attn_flops_per_pair, st.kv_bytes_per_token
+        peak_attn, kv_bw = self._peak_attn, self._kv_bw
+        pairs, spec_kv, prefill_kv, spec = s.prefill_attn_pairs, s.spec_kv_tokens, s.prefill_kv_tokens, s.num_spec_tokens
+        n, ctx = s.num_decode_seqs, s.decode_kv_tokens
+        ends = []
+        t = start
+        for i in range(k_max):
+            if i and t >= next_arrival:
+                break
+            attn = attn_per_pair * (pairs + ctx + spec_kv) / peak_attn
+            kv = kv_per_token * (prefill_kv + ctx + spec) / kv_bw
+            dt = base + (kv if kv > attn else attn)  # max(attn, kv)
+            if allreduce is not None:
+                dt += allreduce
+            if swap:  # dt + 0.0 is dt (a step's time is positive)
+                dt = dt + swap
+            if per_seq is not None:
+                dt += per_seq
+            end = t + dt
+            if end >= horizon:
+                break
+            ends.append(end)
+            t = end
+            ctx += n
+        return ends

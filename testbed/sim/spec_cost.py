@@ -14,7 +14,7 @@ What drafting adds to a step depends on the method:
 """
 from __future__ import annotations
 
-from testbed.core.cost import BatchShape, CostModel
+from testbed.core.cost import BatchShape, CostModel, decode_run_ends
 
 
 class SpecDecodeCostModel:
@@ -35,6 +35,11 @@ class SpecDecodeCostModel:
         if self.draft is None:
             return t + self.host_s
         return t + self.k * self.draft.step_time(draft_pass(s))
+
+    def decode_run_ends(self, s: BatchShape, start: float, k_max: int, next_arrival: float,
+                        horizon: float) -> list[float]:
+        # defined here so that `__getattr__` never hands out the target's, which knows no drafting
+        return decode_run_ends(self.step_time, s, start, k_max, next_arrival, horizon)
 
 
 def draft_pass(s: BatchShape) -> BatchShape:

@@ -1,0 +1,94 @@
+"""The simulator's speed, side by side in one run: the README's main command, the simulation alone,
+4x load, sixteen replicas at 16x load, every policy at 1x and 4x, and 200k requests.
+
+Usage: python experiments/benchmarks/speed.py [--repeats 1] [--only SUBSTR ...] [--policies vllm,sarathi]
+
+Each case is the real command (`python -m testbed ...`) in a fresh process, so its wall time includes
+start-up (imports, config) and writing the results, its CPU seconds and peak RSS are that process's
+alone (os.wait4), and `run s` is the simulation proper as the run recorded it (run_info.json's `run_s`).
+With --repeats > 1 the cases are run round-robin (A B C A B C: the machine's load falls on all alike)
+and the median of each column is printed. Policy rows also give their time as a multiple of vllm's at
+the same load (`x vllm`, from the simulation's wall time). Memory per request: peak RSS over requests at
+200k, and the slope between 20k and 200k requests (what each further request costs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CONF = Path(__file__).resolve().parents[2] / "testbed" / "conf" / "policy"
+
+
+def cases(policies: list[str]) -> dict[str, list[str]]:
+    out = {"main command": [], "4x load": ["trace.rate_scale=4"],
+           "16 replicas, 16x load": ["backend.replicas=16", "router=round_robin", "trace.rate_scale=16"]}
+    for p in policies:
+        for load in (1, 4):
+            out[f"policy {p} {load}x"] = [f"policy={p}", f"trace.rate_scale={load}"]
+    for n in (20_000, 200_000):  # Poisson arrivals at the Azure conv trace's rate, its length distribution
+        out[f"{n // 1000}k requests"] = ["trace=poisson", f"trace.num_requests={n}", "trace.rate=5.527"]
+    return out
+
+
+def run_case(overrides: list[str], workdir: str) -> dict:
+    cmd = [sys.executable, "-m", "testbed", *overrides, f"hydra.run.dir={workdir}"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    if status != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({status}):\n{err[-3000:]}")
+    summary = json.loads((Path(workdir) / "summary.json").read_text())
+    info = json.loads((Path(workdir) / "run_info.json").read_text())
+    return {"requests": summary["num_requests"], "steps": summary["num_steps"], "events": summary["num_events"],
+            "wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "run": info["run_s"],
+            "rss_mib": usage.ru_maxrss / 1024}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--only", nargs="*", default=[], help="run only the cases whose name contains one of these")
+    ap.add_argument("--policies", default=",".join(sorted(p.stem for p in CONF.glob("*.yaml"))))
+    args = ap.parse_args()
+    todo = cases(args.policies.split(","))
+    if args.only:
+        todo = {n: o for n, o in todo.items() if any(x in n for x in args.only)}
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
+          f"{args.repeats} repeat(s), load average {os.getloadavg()[0]:.2f} at the start", flush=True)
+    got: dict[str, list[dict]] = {n: [] for n in todo}
+    with tempfile.TemporaryDirectory(prefix="speed_") as tmp:
+        for r in range(args.repeats):
+            for i, (name, overrides) in enumerate(todo.items()):
+                got[name].append(run_case(overrides, f"{tmp}/{r}_{i}"))
+                m = got[name][-1]
+                print(f"  {name}: wall {m['wall']:.2f} s, run {m['run']:.2f} s", file=sys.stderr, flush=True)
+    med = {n: {k: statistics.median(m[k] for m in ms) for k in ms[0]} for n, ms in got.items()}
+    print("\n| case | requests | engine steps | events | wall s | CPU s | simulation s | x vllm | peak RSS MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, m in med.items():
+        ratio = ""
+        if name.startswith("policy "):
+            base = med.get(f"policy vllm {name.rsplit(' ', 1)[1]}")
+            ratio = f"{m['run'] / base['run']:.2f}" if base else ""
+        print(f"| {name} | {m['requests']:.0f} | {m['steps']:.0f} | {m['events']:.0f} | {m['wall']:.2f} | "
+              f"{m['cpu']:.2f} | {m['run']:.2f} | {ratio} | {m['rss_mib']:.0f} |")
+    if "20k requests" in med and "200k requests" in med:
+        a, b = med["20k requests"], med["200k requests"]
+        slope = (b["rss_mib"] - a["rss_mib"]) * 1024 / (b["requests"] - a["requests"])
+        print(f"\nmemory per request at 200k: {b['rss_mib'] * 1024 / b['requests']:.2f} KB (peak RSS / requests); "
+              f"{slope:.2f} KB per further request (20k -> 200k slope)")
+
+
+if __name__ == "__main__":
+    main()
