@@ -134,29 +134,26 @@ class DeferredRun:
             self._plan(self.hi + 1, arrival, delivery)
 
     def extend(self, until: float) -> None:
-        """Sum the next steps' ends, at least CHUNK of them and past `until`, as `extend_decode_run`
-        sums them (the batch's shape, contexts one token longer per step), to the first finish."""
-        step_time, k_max, horizon = self._more
+        """Sum the next steps' ends, CHUNK at a time until past `until`, as `extend_decode_run` sums
+        them (the batch's shape, contexts one token longer per step), to the first finish."""
+        run_ends, k_max, horizon = self._more
         ends, shape = self.ends, self.batch.shape
-        n, ctx0 = shape.num_decode_seqs, shape.decode_kv_tokens
-        limit = 2 * self.batch.start
-        t, i = ends[-1], len(ends)
-        stop = i + CHUNK
-        while i < k_max:
-            shape.decode_kv_tokens = ctx0 + i * n
-            end = t + step_time(shape)
-            if end >= horizon:
-                k_max = i
-                break
-            if end > limit:  # `deferrable` was judged on a bound the step times broke
-                shape.decode_kv_tokens = ctx0
-                raise AssertionError(f"a deferred decode run reached {end!r}, past twice its start {self.batch.start!r}")
-            ends.append(end)
-            t = end
-            i += 1
-            if i >= stop and t >= until:
-                break
-        shape.decode_kv_tokens = ctx0
+        ctx0 = shape.decode_kv_tokens
+        i = len(ends)
+        try:
+            while i < k_max:
+                shape.decode_kv_tokens = ctx0 + i * shape.num_decode_seqs
+                more = run_ends(shape, ends[-1], min(CHUNK, k_max - i), _INF, horizon)
+                ends.extend(more)
+                if len(more) < min(CHUNK, k_max - i):  # the horizon
+                    k_max = len(ends)
+                i = len(ends)
+                if ends[-1] >= until:
+                    break
+        finally:
+            shape.decode_kv_tokens = ctx0
+        if ends[-1] > 2 * self.batch.start:  # `deferrable` was judged on a bound the step times broke
+            raise AssertionError(f"a deferred decode run reached {ends[-1]!r}, past twice its start {self.batch.start!r}")
         self.k = i
         if i >= k_max:
             self.complete = True

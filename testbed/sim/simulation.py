@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 
 import simpy
 
-from testbed.core.cost import CostModel
+from testbed.core.cost import CostModel, decode_run_ends
 from testbed.core.loop import ReplayOutcome, StepLoop
 from testbed.core.policy import BasePolicy
 from testbed.core.request import Request, RequestState, Status
@@ -320,7 +320,7 @@ class Simulation:
         return True
 
     def _lazy_rest(self, loop, batch, lookahead: float):
-        """(step_time, k_max, horizon) to sum a run's steps past its first ones later, False when
+        """(the cost model's `decode_run_ends`, k_max, horizon) to sum a run's steps past its first ones later, False when
         those are the whole run, None when the rest must be summed now: its KV growth to the first
         finish would not fit, or twice the last step's time over the steps left exceeds the start."""
         ends = batch.ends
@@ -337,7 +337,8 @@ class Simulation:
         shape.decode_kv_tokens = ctx0
         if 2 * k_max * last > batch.start:
             return None
-        return (self.cost_model.step_time, k_max, self._horizon)
+        run_ends = getattr(self.cost_model, "decode_run_ends", None) or partial(decode_run_ends, self.cost_model.step_time)
+        return (run_ends, k_max, self._horizon)
 
     def _extend_runs(self, at: float) -> None:
         """Before an arrival's timeout for `at` is scheduled: every run summed past it, so that one
