@@ -43,6 +43,7 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass
+from operator import attrgetter
 
 from testbed.policies._passes import StepBudget, preempt
 from testbed.core.bounds import bounded
@@ -105,21 +106,8 @@ class FastServePolicy(BasePolicy):
         q = self.queued[self.level[s.req.id]]
         del q[bisect.bisect_left(q, (s.req.arrival, s.req.id))]
 
-    def _update_level(self, s, now: float) -> int:
-        """Demote a request that used its quantum; promote one unserved for too long."""
-        rid = s.req.id
-        level = self.level[rid]
-        if s.num_generated - self.entered_at[rid] >= self.quanta[level] and level + 1 < len(self.quanta):
-            level += 1
-            self.entered_at[rid] = s.num_generated
-        limit = self.knobs.starvation_limit_s
-        if limit and level and now - self.served[rid] > limit:
-            level, self.entered_at[rid] = 0, s.num_generated
-        self.level[rid] = level
-        return level
-
     def _promote_starving(self, now: float) -> None:
-        """`_update_level` for waiting requests, touching only those whose time has come: a
+        """The level update of waiting requests, touching only those whose time has come: a
         waiting request generates nothing (no demotion) and is promoted at most once before
         it is served again."""
         limit, heap = self.knobs.starvation_limit_s, self.unserved
@@ -132,67 +120,107 @@ class FastServePolicy(BasePolicy):
             bisect.insort(self.queued[0], (s.req.arrival, rid, s))
 
     def _candidates(self, running_levels: list[list]):
-        """Live requests in rank order (level, arrival, id), merged lazily level by level so
-        a step reads only as far into the waiting queues as it admits. Once a waiting
-        request did not fit (`_admitting` is False), only running requests are yielded."""
+        """Live requests in rank order (level, arrival, id), merged level by level so a step
+        reads only as far into the waiting queues as it admits. Once a waiting request did not
+        fit (`_admitting` is False), only running requests are yielded."""
         for level, running in enumerate(running_levels):
-            if not self._admitting:
+            queue = self.queued[level]
+            if not queue or not self._admitting:
                 yield from running
                 continue
-            taken = 0
-            for s in heapq.merge(running, (e[2] for e in self.queued[level]), key=_rank):
-                if s.status is Status.RUNNING:
-                    taken += 1
-                yield s
+            i, last = 0, len(running)
+            for arrival, rid, w in queue:
+                key = (arrival, rid)
+                while i < last and (running[i].req.arrival, running[i].req.id) < key:
+                    yield running[i]
+                    i += 1
+                yield w
                 if not self._admitting:
-                    yield from running[taken:]
                     break
+            yield from running[i:]
+
+    def _running_levels(self, view, now: float) -> list[list]:
+        """Running requests per level, each level in rank order, after this step's level
+        changes: demoted one level once a request has used its level's quantum, promoted to
+        the top once unserved for `starvation_limit_s` (its quantum use restarts with either).
+        Inlined: it runs for every running request at every plan."""
+        quanta, top = self.quanta, len(self.quanta) - 1
+        level_of, entered_at, served = self.level, self.entered_at, self.served
+        limit = self.knobs.starvation_limit_s
+        running_levels = [[] for _ in quanta]
+        for s in view.running:
+            rid = s.req.id
+            level = level_of[rid]
+            generated = s.num_generated
+            if level < top and generated - entered_at[rid] >= quanta[level]:
+                level += 1
+                entered_at[rid] = generated
+            if limit and level and now - served[rid] > limit:
+                level = 0
+                entered_at[rid] = generated
+            level_of[rid] = level
+            running_levels[level].append(s)
+        for running in running_levels:
+            if len(running) > 1:
+                running.sort(key=_rank)
+        return running_levels
 
     def schedule(self, view) -> Plan:
         now = view.now
         self._promote_starving(now)
-        running_levels = [[] for _ in self.quanta]
-        for s in view.running:
-            running_levels[self._update_level(s, now)].append(s)
-        for running in running_levels:
-            running.sort(key=_rank)
+        running_levels = self._running_levels(view, now)
         running_by_rank = [s for running in running_levels for s in running]
         plan = Plan()
-        b = StepBudget.of(view)
-        chosen, preempted, admitted = set(), [], []
+        b = StepBudget.of(view)  # host blocks, for swap preemption; the rest is kept in locals
+        tokens, free, seqs, max_seqs = b.tokens, b.free_blocks, 0, view.max_num_seqs
+        bs, served, mode = view.block_size, self.served, self.knobs.preemption_mode
+        reached = 0  # running requests reached so far; running_by_rank[reached:] may be preempted
+        preempted, admitted = [], []
+        items = plan.items
         self._admitting = True
+        # Once per running request per step: a running request's `remaining` and
+        # `view.blocks_needed` (kv.blocks_needed's arithmetic) are inlined, as in _passes.run_running.
         for s in self._candidates(running_levels):
-            if b.tokens <= 0 or b.seqs >= view.max_num_seqs:
+            if tokens <= 0 or seqs >= max_seqs:
                 break
-            if s in preempted:
-                continue
-            n = min(view.num_new_tokens(s), b.tokens)
-            if s.status is Status.RUNNING or s.status is Status.SWAPPED:
-                need = view.blocks_needed(s, n)  # a swapped request brings all its blocks back
-            else:  # a victim of this very plan may hold its cached prefix, which then costs free
-                # blocks to revive: count the whole prefix (an upper bound; exact without sharing)
-                need = -(-(view.prefix_hit_tokens(s) + n) // view.block_size)
-            if need > b.free_blocks and s.status is not Status.RUNNING:
-                # new work joins only into free KV (preempting running jobs for it thrashes),
-                # and by rank: none joins ahead of a higher-ranked one that does not fit
-                self._admitting = False
-                continue
-            while (need > b.free_blocks and running_by_rank and running_by_rank[-1] is not s
-                   and running_by_rank[-1] not in chosen):
+            status = s.status
+            if status is _RUNNING:
+                if reached >= len(running_by_rank):
+                    continue  # preempted by this plan (victims come off the end of the rank order)
+                reached += 1
+                n = s.req.prompt_len + s.num_generated - s.num_computed
+                if n > tokens:
+                    n = tokens
+                need = -(-(s.num_computed + n) // bs) - len(s.blocks)
+                if need < 0:
+                    need = 0
+            else:
+                n = min(view.num_new_tokens(s), tokens)
+                if status is _SWAPPED:
+                    need = view.blocks_needed(s, n)  # a swapped request brings all its blocks back
+                else:  # a victim of this very plan may hold its cached prefix, which then costs free
+                    # blocks to revive: count the whole prefix (an upper bound; exact without sharing)
+                    need = -(-(view.prefix_hit_tokens(s) + n) // bs)
+                if need > free:
+                    # new work joins only into free KV (preempting running jobs for it thrashes),
+                    # and by rank: none joins ahead of a higher-ranked one that does not fit
+                    self._admitting = False
+                    continue
+            # victims: the lowest-ranked running requests not reached (so neither chosen nor s)
+            while need > free and len(running_by_rank) > reached:
                 victim = running_by_rank.pop()
-                preempt(plan, victim, self.knobs.preemption_mode, b)
+                preempt(plan, victim, mode, b)
                 preempted.append(victim)
-                b.free_blocks += view.reclaimable_blocks(victim)
-            if need > b.free_blocks:
+                free += view.reclaimable_blocks(victim)
+            if need > free:
                 break
-            plan.schedule(s, n)
-            if s.status is not Status.RUNNING:
+            items.append((s, n))  # plan.schedule(s, n)
+            if status is not _RUNNING:
                 admitted.append(s)
-            chosen.add(s)
-            b.tokens -= n
-            b.free_blocks -= need
-            b.seqs += 1
-            self.served[s.req.id] = now
+            tokens -= n
+            free -= need
+            seqs += 1
+            served[s.req.id] = now
         for s in admitted:  # the loop applies the plan as returned (or stops the run)
             self._dequeue(s)
         for s in preempted:
@@ -200,5 +228,5 @@ class FastServePolicy(BasePolicy):
         return plan
 
 
-def _rank(s) -> tuple[float, int]:
-    return (s.req.arrival, s.req.id)
+_RUNNING, _SWAPPED = Status.RUNNING, Status.SWAPPED
+_rank = attrgetter("req.arrival", "req.id")  # rank within a level: (arrival, id)
