@@ -36,6 +36,11 @@ first misfit, not to the queue. Waiting requests are kept per level in arrival o
 merged with the running ones lazily; their only level change, starvation promotion, is
 driven by a heap of last-service times (a waiting request generates nothing, so it is
 never demoted, and is promoted at most once before it is served again).
+Steady decode runs are fast-forwarded (`is_steady`, `steady_steps`): while every running
+request decodes and the best-ranked waiting one does not fit, the plan only reorders as
+requests use up quanta, until a running request falls behind that waiting one or a
+starvation limit passes; the run stops there, and the level changes it skipped are booked
+at the next plan.
 """
 from __future__ import annotations
 
@@ -85,6 +90,10 @@ class FastServePolicy(BasePolicy):
         # (last served, id, state) of waiting requests, for starvation promotion; stale entries skipped
         self.unserved: list = []
         self._admitting = True  # within schedule(): no waiting request has failed to fit yet
+        self._quantum_steps = [math.ceil(q) for q in self.quanta]  # tokens a level's quantum lasts
+        # the fast-forwarded run `steady_steps` last allowed, settled at the next plan:
+        # (steps done before it, its steps, when its last step started, its requests)
+        self._run: tuple | None = None
 
     def on_arrival(self, s, view) -> None:
         iterations = math.ceil(s.req.prompt_len / self.knobs.prefill_tokens_per_iteration)
@@ -118,6 +127,104 @@ class FastServePolicy(BasePolicy):
             self._dequeue(s)
             self.level[rid], self.entered_at[rid] = 0, s.num_generated
             bisect.insort(self.queued[0], (s.req.arrival, rid, s))
+
+    # --- fast-forwarded decode runs ----------------------------------------------------------
+    def _head(self):
+        """The best-ranked waiting request: the only one a steady plan tries (and fails) to admit."""
+        for q in self.queued:
+            if q:
+                return q[0][2]
+        return None
+
+    def is_steady(self, view) -> bool:
+        """Every running request decoded and nobody joined: the plan repeats while the best-ranked
+        waiting request (if any) still does not fit. Its KV need is the blocks of its whole known
+        sequence whenever the budget left at its turn covers it (so no prefix hit or rank order can
+        change it), and the free blocks at its turn only shrink as the running requests grow, as long
+        as no running request falls behind it in rank: `steady_steps` cuts the run there, and where a
+        level changes by time (starvation promotion)."""
+        head = self._head()
+        return head is None or head.known_len <= view.token_budget - len(view.running)
+
+    def steady_steps(self, view, ends: list[float]) -> int:
+        """How many of the run's steps (step i + 1 starts at ends[i - 1]) keep this plan: up to the
+        first whose plan would promote a request for starvation, or see a running request demoted
+        behind the best-ranked waiting one. Demotions that only reorder the running requests keep
+        the plan (the same requests, one token each); `_settle_run` books them afterwards."""
+        m = len(ends)
+        limit = self.knobs.starvation_limit_s
+        if limit:
+            prev = view.now  # start of the step before the one planned at ends[i]
+            for i in range(m - 1):
+                if ends[i] - prev > limit:  # `_running_levels` would promote its running requests
+                    m = i + 1
+                    break
+                prev = ends[i]
+            served = self._first_starving()
+            if served is not None:
+                for i in range(m - 1):
+                    if ends[i] - served > limit:  # `_promote_starving` would promote a waiting request
+                        m = i + 1
+                        break
+        head = self._head()
+        if head is not None:
+            m = min(m, self._steps_before_passed(view, head))
+        self._run = (view.steps_done, m, ends[m - 2], list(view.running)) if m > 1 else None
+        return m
+
+    def _first_starving(self) -> float | None:
+        """When the first waiting request `_promote_starving` would promote was last served
+        (entries it would skip are dropped now; they stay stale)."""
+        heap = self.unserved
+        while heap:
+            served, rid, s = heap[0]
+            if self.served.get(rid) == served and s.status is not Status.RUNNING and self.level[rid]:
+                return served
+            heapq.heappop(heap)
+        return None
+
+    def _steps_before_passed(self, view, head) -> int:
+        """The steps before a plan in which some running request ranked ahead of `head` is
+        demoted behind it (its quantum use counts the tokens the run generates)."""
+        top = len(self.quanta) - 1
+        lw, w = self.level[head.req.id], _rank(head)
+        steps = float("inf")
+        for s in view.running:
+            rid = s.req.id
+            level = self.level[rid]
+            if (level, _rank(s)) > (lw, w):
+                continue  # behind it already: demotions keep it there
+            target = lw + 1 if _rank(s) < w else lw  # the level that puts it behind
+            if target > top:
+                continue
+            g = self.entered_at[rid]
+            while level < target:  # demoted when its tokens at a plan reach entered + quantum
+                g += self._quantum_steps[level]
+                level += 1
+            steps = min(steps, g - s.num_generated)
+        return steps
+
+    def _settle_run(self, view) -> None:
+        """Book the plans a fast-forwarded run skipped: each of its requests was served at the
+        start of every step, and demoted at each plan whose tokens used up its quantum."""
+        run, self._run = self._run, None
+        if run is None:
+            return
+        steps_done, steps, last_start, states = run
+        if view.steps_done != steps_done + steps:
+            return  # the loop did not merge the run (KV or clock), or cut it shorter
+        top = len(self.quanta) - 1
+        level_of, entered_at, served, quantum_steps = self.level, self.entered_at, self.served, self._quantum_steps
+        for s in states:
+            if s.status is not Status.RUNNING:
+                continue  # finished at the end of the run
+            rid = s.req.id
+            level, entered = level_of[rid], entered_at[rid]
+            last = s.num_generated - 1  # its tokens when the run's last step was planned
+            while level < top and entered + quantum_steps[level] <= last:
+                entered += quantum_steps[level]
+                level += 1
+            level_of[rid], entered_at[rid], served[rid] = level, entered, last_start
 
     def _candidates(self, running_levels: list[list]):
         """Live requests in rank order (level, arrival, id), merged level by level so a step
@@ -167,6 +274,8 @@ class FastServePolicy(BasePolicy):
 
     def schedule(self, view) -> Plan:
         now = view.now
+        if self._run is not None:
+            self._settle_run(view)
         self._promote_starving(now)
         running_levels = self._running_levels(view, now)
         running_by_rank = [s for running in running_levels for s in running]
