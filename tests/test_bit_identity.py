@@ -1,6 +1,7 @@
 """Speed work must not move a result: every configuration of `testbed.app.fingerprint.identity_configs`,
 cut to 300 requests, gives the summary, per-request and per-step hashes recorded before the issue-15
-speed work (tests/data/bit_identity_300.json, from commit 9ca1dad). A change that is meant to move a
+speed work (tests/data/bit_identity_300.json: commit cfdf3f3, the simulator before that work, with one
+change, the ITL mean and std summed over the sorted gaps, decided once in testbed/app/metrics.py `_stats`). A change that is meant to move a
 result re-records the file and says why in its commit. The whole traces: experiments/benchmarks/bit_identity.py."""
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ Runs each of `testbed.app.fingerprint.identity_configs` (every policy at 1x and 
 16x, Mooncake with prefix ids, sessions, disaggregation, ...) and hashes its summary, per-request and
 per-step tables (`testbed.app.fingerprint`). `--record` writes the hashes; `--check` recomputes them
 and exits 1 naming every configuration and table that differs. The committed
-`bit_identity.json` was recorded before the issue-15 speed work (commit 9ca1dad).
+`bit_identity.json` was recorded before the issue-15 speed work (commit cfdf3f3, with only the ITL
+mean and std summed over the sorted gaps, the one result decision of that work: testbed/app/metrics.py).
 """
 from __future__ import annotations
 

@@ -100,6 +100,7 @@ class StepLoop:
         self.num_steps = 0  # engine steps completed (a fast-forwarded run counts each of its steps)
         self.view = SchedulerView(self)
         self._is_steady = getattr(policy, "is_steady", None)
+        self._steady_steps = getattr(policy, "steady_steps", None)  # optional: cuts a run where the plan changes
         self._pending_swaps: tuple[list | None, int] = (None, 0)  # (swap-outs, blocks moved) not yet run
         self._preempted = 0  # preemptions of preempt-only plans not yet run, counted in the step that runs
         # kv.cache_decode_tokens="finished" (SGLang): prompt blocks a step computes enter the cache
@@ -307,7 +308,9 @@ class StepLoop:
         (`is_steady`), the next plans are known: the same requests, one token each, with
         contexts one longer per step. The run covers the steps that start before the next
         arrival, end before the horizon, end no later than the first finish, and whose
-        KV growth fits in the free blocks, so every token time, ITL and KV outcome equals
+        KV growth fits in the free blocks, and that the policy's optional `steady_steps(view,
+        ends)` keeps (the leading steps its plan stays the same for, given the end time of
+        each: step i + 1 starts at ends[i - 1]), so every token time, ITL and KV outcome equals
         what step-by-step planning would give. Step end times are summed one step at a
         time, as the clock would. Returns False (a plain step) when there is no run.
         `allocate=False` checks that the run's KV growth fits but leaves taking the blocks to
@@ -324,6 +327,8 @@ class StepLoop:
             ends = self._run_ends(batch.shape, batch.start, k_max, next_arrival, horizon)
         else:
             ends = decode_run_ends(step_time, batch.shape, batch.start, k_max, next_arrival, horizon)
+        if self._steady_steps is not None and len(ends) > 1:  # the policy's plan may change within the run
+            del ends[max(1, self._steady_steps(self.view, ends)):]
         k = len(ends)
         # the clock adds the run's length to now: stay bit-exact
         if k < 2 or batch.start + (ends[-1] - batch.start) != ends[-1]:

@@ -65,7 +65,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from testbed.policies.srpt import WaitingQueue, fill_ranked
+from testbed.policies.srpt import WaitingQueue, _first, fill_ranked
 from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
@@ -174,10 +174,6 @@ class LeastSlackPolicy(EDFPolicy):
                 c = self._decode_work[s.req.id] = (g, self.work(s, view))
             return self.deadline(s) - c[1]
         return self.deadline(s) - self.work(s, view)
-
-
-def _first(pair):
-    return pair[0]
 
 
 def _has_tokens(s) -> bool:

@@ -47,9 +47,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter
 
 from testbed.policies._predictors import PredictorKnobs
-from testbed.policies.srpt import WaitingQueue, fill_ranked
+from testbed.policies.srpt import WaitingQueue, _first, fill_ranked
 from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
 from testbed.core.policy import BasePolicy, register
@@ -78,10 +79,12 @@ class LTRPolicy(BasePolicy):
         self.score: dict[int, float] = {}  # request id -> predicted length (the rank score)
         self.queue = WaitingQueue()
         self.step = 0  # steps planned so far (that scheduled something)
-        self.last: dict[int, int] = {}  # request id -> the last step it was served (or arrived before)
-        self.served: deque = deque()  # (step, state) records, in step order
+        # request id -> the last step it was served (or arrived before), for requests not in the
+        # last plan (one in it was served at the last step, whatever this says)
+        self.last: dict[int, int] = {}
+        self.served: deque = deque()  # (step, state) records of `last`, in step order
         self._promoted: dict[int, tuple] = {}  # promoted request id -> (state, tokens generated at promotion)
-        self._last_items: list = []  # the last plan that scheduled something
+        self._last_set: set = set()  # the requests of the last plan that scheduled something
         self._requeue: list = []
 
     def key(self, s):
@@ -118,19 +121,19 @@ class LTRPolicy(BasePolicy):
         k = self.knobs
         q, promoted = k.priority_quantum, self._promoted
         if promoted:  # only requests in the last batch can have spent quantum since
-            for s, _ in self._last_items:
-                p = promoted.get(s.req.id)
-                if p is not None and s.num_generated - p[1] >= q:
-                    del promoted[s.req.id]
+            last_set = self._last_set
+            for rid, (s, generated) in list(promoted.items()):
+                if s.num_generated - generated >= q and s in last_set:
+                    del promoted[rid]
                     self._refile(s)
         if not k.starvation_threshold:
             return
         due = self.step - 1 - k.starvation_threshold  # served at or before this: count >= threshold
-        served, last = self.served, self.last
+        served, last, last_set = self.served, self.last, self._last_set
         while served and served[0][0] <= due:
             st, s = served.popleft()
             rid = s.req.id
-            if last.get(rid) != st or s.status is _FINISHED:
+            if last.get(rid) != st or s in last_set or s.status is _FINISHED:
                 continue  # served again since, or gone
             self._promoted[rid] = (s, s.num_generated)  # the quantum restarts too
             last[rid] = self.step - 1  # the count restarts
@@ -146,14 +149,21 @@ class LTRPolicy(BasePolicy):
         plan, victims = fill_ranked(view, running, self.queue, preemptive=self.knobs.preemptive)
         self._requeue = victims
         if plan.items:
-            self._last_items = plan.items
-            step, last, served = self.step, self.last, self.served
-            for s, _ in plan.items:
-                last[s.req.id] = step
-                served.append((step, s))
+            # Bookkeeping per request that leaves the batch, not per request per step: one served
+            # at the last step and not now was last served then (by id, for a fixed record order).
+            current = set(map(_first, plan.items))
+            step = self.step
+            left = self._last_set - current
+            if left:
+                last, served = self.last, self.served
+                for s in sorted(left, key=_id):
+                    if s.status is _FINISHED:
+                        continue
+                    last[s.req.id] = step - 1
+                    served.append((step - 1, s))
+            self._last_set = current
             self.step = step + 1
         return plan
 
 
-def _first(pair):
-    return pair[0]
+_id = attrgetter("req.id")

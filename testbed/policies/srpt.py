@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from operator import itemgetter
 
 from testbed.policies._predictors import PredictorKnobs
 from testbed.core.bounds import bounded
@@ -161,6 +162,7 @@ def fill_ranked(view, running: list, source, preemptive: bool, resuming=None, ma
     retroactively, those admitted before the first preemption (`slack`).
     """
     plan = Plan()
+    items = plan.items
     budget, free, limit = view.token_budget, view.free_blocks, view.max_num_seqs
     bs = view.block_size
     seqs = 0
@@ -174,8 +176,14 @@ def fill_ranked(view, running: list, source, preemptive: bool, resuming=None, ma
         if ri < end and (not preemptive or not admit or top is None or running[ri][0] <= top[0]):
             s = running[ri][1]
             ri += 1
-            n = min(s.remaining, budget)
-            need = view.blocks_needed(s, n)
+            # once per running request per step: `remaining` and view.blocks_needed of a running
+            # request (kv.blocks_needed's arithmetic) inlined, as in _passes.run_running
+            n = s.req.prompt_len + s.num_generated - s.num_computed
+            if n > budget:
+                n = budget
+            need = -(-(s.num_computed + n) // bs) - len(s.blocks)
+            if need < 0:
+                need = 0
             if need > free:
                 if preemptive:
                     k = None
@@ -200,7 +208,7 @@ def fill_ranked(view, running: list, source, preemptive: bool, resuming=None, ma
                     plan.preempt_request(s, RECOMPUTE)
                     victims.append(s)
                     break
-            plan.schedule(s, n)
+            items.append((s, n))  # plan.schedule(s, n)
             budget -= n
             free -= need
             seqs += 1
@@ -310,5 +318,4 @@ class SRPTPolicy(BasePolicy):
         return plan
 
 
-def _first(pair):
-    return pair[0]
+_first = itemgetter(0)  # sort key of (key, state) pairs: the key (unique: it ends with the request id)
