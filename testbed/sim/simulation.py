@@ -430,5 +430,7 @@ def _never() -> bool:
 
 
 def _has_arrival_hook(policy) -> bool:
+    """An arrival hook (it would see a deferred run's progress), or `steady_steps` (a run's length
+    depends on where it starts): no deferred runs for such a policy."""
     hook = getattr(type(policy), "on_arrival", None)
-    return hook is not None and hook is not BasePolicy.on_arrival
+    return (hook is not None and hook is not BasePolicy.on_arrival) or hasattr(policy, "steady_steps")
