@@ -260,7 +260,7 @@ class BlockManager:
                 uncached += 1
                 if uncached >= num_blocks:
                     return
-        leaves = None  # request -> its free blocks caching content only it has
+        leaves: dict[int, list[int]] | None = None  # request -> its free blocks caching content only it has
         for b in queue:
             if uncached >= num_blocks:
                 break
@@ -308,7 +308,7 @@ class BlockManager:
         cached); capacity was checked."""
         queue, ref, own_rid, key_of = self._queue, self._ref, self._own_rid, self._key_of
         for _ in range(need):
-            b, _ = queue.popitem(last=False)
+            b = queue.popitem(last=False)[0]  # not `b, _ =`: the compiled build (setup.py) types `_` as the loop's int
             if own_rid[b] >= 0:
                 own_rid[b] = -1
             elif b in key_of:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from testbed.core.compiled import mypyc_attr
 from testbed.core.cost import BatchShape, CostModel, add_work
 from testbed.core.kv import BlockManager, KVCapacityError
 from testbed.core.plan import PREEMPT_MODES, RECOMPUTE, Plan, PlanError
@@ -71,6 +72,7 @@ class StepSeries:
     steps: list[int] = field(default_factory=list)  # >1 for a fast-forwarded decode run
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the tests subclass it (testbed.core.compiled)
 class StepLoop:
     def __init__(self, policy: Policy, kv: BlockManager, limits: SchedulerLimits,
                  cost_model: CostModel | None = None, record_token_times: bool = False,
@@ -438,7 +440,7 @@ class StepLoop:
             raise PlanError(name, "token-budget",
                             f"{total} tokens scheduled, scheduler.max_num_batched_tokens is {self.limits.max_num_batched_tokens}")
 
-    def _guard_kv(self, op, s: RequestState, *args) -> int:
+    def _guard_kv(self, op, s: RequestState, *args) -> int | None:
         try:
             return op(s, *args)
         except KVCapacityError as e:
