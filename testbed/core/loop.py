@@ -411,7 +411,9 @@ class StepLoop:
             if s in preempted:
                 raise PlanError(name, "duplicate", f"request {s.req.id} is preempted twice")
             preempted.add(s)
-        items = plan.items
+        # token counts typed `object`: a policy's bad count (2.0) must reach the check below, not
+        # fail the compiled build's (setup.py) type check of the items as a TypeError
+        items: list[tuple[RequestState, object]] = plan.items
         if len(items) > self.limits.max_num_seqs:
             raise PlanError(name, "max-num-seqs",
                             f"{len(items)} requests scheduled, scheduler.max_num_seqs is {self.limits.max_num_seqs}")
