@@ -264,7 +264,7 @@ class BlockManager:
                 uncached += 1
                 if uncached >= num_blocks:
                     return
-        leaves = None  # request -> its free blocks caching content only it has
+        leaves: dict[int, list[int]] | None = None  # request -> its free blocks caching content only it has
         for b in queue:
             if uncached >= num_blocks:
                 break
@@ -312,7 +312,7 @@ class BlockManager:
         cached); capacity was checked."""
         pop, ref, own_rid, key_of, append = self._queue.popitem, self._ref, self._own_rid, self._key_of, blocks.append
         for _ in range(need):  # once per block of every request: bound methods, positional `last`
-            b = pop(False)[0]
+            b = pop(False)[0]  # not `b, _ =`: the compiled build (setup.py) types `_` as the loop's int
             if own_rid[b] >= 0:
                 own_rid[b] = -1
             elif b in key_of:

@@ -13,6 +13,7 @@ from array import array
 from dataclasses import dataclass, field
 from operator import itemgetter
 
+from testbed.core.compiled import mypyc_attr
 from testbed.core.cost import BatchShape, CostModel, add_work, decode_run_ends
 from testbed.core.kv import BlockManager, KVCapacityError
 from testbed.core.plan import PREEMPT_MODES, RECOMPUTE, Plan, PlanError
@@ -74,6 +75,7 @@ class StepSeries:
     steps: list[int] = field(default_factory=list)  # >1 for a fast-forwarded decode run
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the tests subclass it (testbed.core.compiled)
 class StepLoop:
     def __init__(self, policy: Policy, kv: BlockManager, limits: SchedulerLimits,
                  cost_model: CostModel | None = None, record_token_times: bool = False,
@@ -469,7 +471,9 @@ class StepLoop:
             if s in preempted:
                 raise PlanError(name, "duplicate", f"request {s.req.id} is preempted twice")
             preempted.add(s)
-        items = plan.items
+        # token counts typed `object`: a policy's bad count (2.0) must reach the check below, not
+        # fail the compiled build's (setup.py) type check of the items as a TypeError
+        items: list[tuple[RequestState, object]] = plan.items
         if len(items) > self.limits.max_num_seqs:
             raise PlanError(name, "max-num-seqs",
                             f"{len(items)} requests scheduled, scheduler.max_num_seqs is {self.limits.max_num_seqs}")
@@ -498,7 +502,7 @@ class StepLoop:
             raise PlanError(name, "token-budget",
                             f"{total} tokens scheduled, scheduler.max_num_batched_tokens is {self.limits.max_num_batched_tokens}")
 
-    def _guard_kv(self, op, s: RequestState, *args) -> int:
+    def _guard_kv(self, op, s: RequestState, *args) -> int | None:
         try:
             return op(s, *args)
         except KVCapacityError as e:
@@ -589,7 +593,7 @@ def reject_reason(req: Request, max_model_len: int, kv) -> str:
     return ""
 
 
-def record_token(s: RequestState, now: float, itl: list[float]) -> None:
+def record_token(s: RequestState, now: float, itl: "array[float] | list[float]") -> None:
     """A request's next token came out at `now`: its TTFT or one more inter-token gap."""
     s.num_generated += 1
     if s.first_token_time < 0:
