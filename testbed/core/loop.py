@@ -441,10 +441,11 @@ class StepLoop:
                     self._on_finish(s, self.view)
 
     # --- helpers ------------------------------------------------------------------------
-    def _plainly_valid(self, items: list[tuple[RequestState, int]]) -> bool:
+    def _plainly_valid(self, items: list) -> bool:
         """True when a plan with no preemptions keeps every rule of `_validate`: its checks, in one
         cheap pass (this runs every step). False sends the plan to `_validate`, which names the first
-        rule broken, so a bad plan fails exactly as it always did."""
+        rule broken, so a bad plan fails exactly as it always did. (`items` is left untyped: a policy's
+        bad token count, 2.0, must reach the check, not fail the compiled build's type check.)"""
         if len(items) > self.limits.max_num_seqs:
             return False
         live = self.live

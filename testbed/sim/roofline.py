@@ -109,7 +109,7 @@ class RooflineCostModel:
 
     def _stage_time(self, st: _Stage, s: BatchShape, tokens: int, seqs: int) -> float:
         linear_flops = st.linear_flops_per_token * tokens + st.lm_head_flops_per_seq * seqs
-        weight_bytes = st.dense_weight_bytes
+        weight_bytes = float(st.dense_weight_bytes)  # the same value as the int (the bytes are < 2**53), typed as the MoE sum below is
         if self._moe is not None:
             experts, k_over_e = self._moe
             weight_bytes += experts * (1 - (1 - k_over_e) ** tokens) * st.expert_weight_bytes
@@ -152,7 +152,7 @@ class RooflineCostModel:
         # _stage_time's invariants: its linear part (with the overhead it is added to first), the
         # all-reduces; then step_time's swap traffic and per-sequence overhead
         linear_flops = st.linear_flops_per_token * tokens + st.lm_head_flops_per_seq * seqs
-        weight_bytes = st.dense_weight_bytes
+        weight_bytes = float(st.dense_weight_bytes)  # the same value as the int (the bytes are < 2**53), typed as the MoE sum below is
         if self._moe is not None:
             experts, k_over_e = self._moe
             weight_bytes += experts * (1 - (1 - k_over_e) ** tokens) * st.expert_weight_bytes
