@@ -1,7 +1,7 @@
 """Several replicas: a decode run cut only by the arrivals routed to its replica
 (testbed/sim/decode_runs.py) must leave every result as it was when every arrival cut every run
 (`Simulation(per_replica_runs=False)`, the old event structure): the same routing picks, request
-outcomes and times, inter-token gaps in the same order, KV blocks (the same block ids: the same
+outcomes and times, the same inter-token gaps (in any order), KV blocks (the same block ids: the same
 calls to the block manager in the same order) and engine steps, with fewer events."""
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def results(out, picks):
         series = loop.series
         steps = [(a, a + d, p, n, r, w) for a, d, p, n, r, w in zip(series.start, series.duration, series.prefill_tokens,
                                                                      series.decode_tokens, series.running, series.waiting)]
-        per_loop.append((states, list(loop.itl), list(loop.kv._queue), loop.num_steps, sum(series.steps),
+        per_loop.append((states, sorted(loop.itl), list(loop.kv._queue), loop.num_steps, sum(series.steps),
                          _coalesced(steps, series.steps)))
     return picks, per_loop, getattr(out, "end_time", None)
 

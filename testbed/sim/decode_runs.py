@@ -6,7 +6,7 @@ again: a replica planned once per arrival to any replica, and sixteen replicas p
 times as often as one. A `DeferredRun` runs on across arrivals routed elsewhere and ends early only
 when one is routed to its replica, at the end of the step in flight, as before.
 
-Only the event structure may change: every result stays bit-identical to the old one. Three things
+Only the event structure may change: every result stays bit-identical to the old one. Two things
 of the old structure are observable, and a `DeferredRun` reproduces each from the old planner's
 rule, replayed over the arrivals delivered while it ran (`DeliveryLog`), without planning:
 - its windows: at the end of each old run the old planner planned again and ran on to the next
@@ -14,11 +14,10 @@ rule, replayed over the arrivals delivered while it ran (`DeliveryLog`), without
   its first step, then the run's for the rest, request by request), so a router reading the cache
   mid-run (`ReplicaView.settle`) sees the same free blocks and cached prefixes, and the block
   manager sees the same calls in the same order (`catch_up`);
-- the order of the inter-token gaps: a run appends each request's gaps in turn, window by window;
-  the summary's mean and standard deviation of them sum in that order (`reorder_gaps`);
 - where a cut ends the run: the end of the old window in flight at the arrival (`cut`).
 Ties (a step ending exactly when an arrival comes) are ordered as SimPy ordered the old events:
-by time, then by when each was scheduled.
+by time, then by when each was scheduled. (The order in which the inter-token gaps are recorded
+differs, which no result shows: the summary sums them sorted, testbed/app/metrics.py `_stats`.)
 
 A run is deferred only where every step end lies within twice its start (Sterbenz: then the
 difference of any two of its times is exact, so a clock moved from any time in the run to any later
@@ -79,7 +78,7 @@ class DeferredRun:
     """One replica's fast-forwarded decode run (`StepLoop.extend_decode_run(allocate=False)`),
     its KV taken window by window of the old planner, as the arrivals in `log` are replayed."""
 
-    __slots__ = ("loop", "batch", "ends", "k", "log", "hi", "planned_at", "consumed", "window_ends",
+    __slots__ = ("loop", "batch", "ends", "k", "log", "hi", "planned_at", "consumed",
                  "_items", "_computed", "_heap", "_register", "complete", "_more")
 
     def __init__(self, loop: StepLoop, batch: Batch, log: DeliveryLog, next_arrival: float,
@@ -95,7 +94,6 @@ class DeferredRun:
         self.hi = -1  # the last step of the windows planned so far
         self.planned_at = len(log)  # deliveries made when the window in flight was planned
         self.consumed = len(log)  # deliveries replayed so far
-        self.window_ends: list[int] = []
         kv = loop.kv
         self._items = [s for s, _ in batch.items]
         self._computed = [s.num_computed for s in self._items]  # until the run completes
@@ -175,7 +173,6 @@ class DeferredRun:
             self._take(first)  # the plan's blocks for its step
         if last > first:
             self._take(last)  # the run's, for the rest
-        self.window_ends.append(last)
         self.hi = last
         self.planned_at = delivery
 
@@ -222,34 +219,10 @@ class DeferredRun:
                 kv.register(s, computed[j] + step + 1)
             heapq.heappush(heap, (self._next_call(j), j))
 
-    # --- the inter-token gaps -------------------------------------------------------------------
-    def reorder_gaps(self, itl) -> None:
-        """After `StepLoop.complete`: put the run's gaps (appended request by request over the whole
-        run) in the old order, request by request within each window."""
-        windows = self.window_ends
-        if len(windows) < 2:
-            return
-        n, k = len(self._items), self.k
-        size = n * k
-        tail = list(itl[len(itl) - size:])
-        gaps = tail[1:k]  # every request's gaps after its first, the same floats
-        out = []
-        first = windows[0]
-        head = gaps[:first]
-        for j in range(n):
-            out.append(tail[j * k])
-            out.extend(head)
-        prev = first
-        for last in windows[1:]:
-            out.extend(gaps[prev:last] * n)
-            prev = last
-        del itl[len(itl) - size:]
-        itl.extend(out)
-
 
 class StepwiseRun(DeferredRun):
     """A decode run on a replica that used to plan every step (a disaggregated decode replica):
-    each step is a window of its own, its KV taken when reached, its gaps appended step by step.
+    each step is a window of its own, its KV taken when reached.
     Events from outside (a transfer landing, a reservation, a router reading the cache) ask which
     steps had started, from the event's time and when it was scheduled (`started`)."""
 
@@ -262,7 +235,6 @@ class StepwiseRun(DeferredRun):
         self.durations = durations[:self.k]  # each step's time, in order (a pool's busy time sums them)
         self.complete, self._more = True, None
         self.hi = 0  # step 0's blocks came with the plan
-        self.window_ends = []
         kv = loop.kv
         self._items = [s for s, _ in batch.items]
         self._computed = [s.num_computed for s in self._items]
@@ -301,4 +273,3 @@ class StepwiseRun(DeferredRun):
 
     def finish(self, next_arrival: float = _INF) -> None:
         self._take_through(self.k - 1)
-        self.window_ends = list(range(self.k))

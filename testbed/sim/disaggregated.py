@@ -282,7 +282,6 @@ class DisaggSimulation:
                 for dt in run.durations[:run.k]:
                     pool.busy_s[j] += dt
                 loop.complete(batch, env.now)
-                run.reorder_gaps(loop.itl)
             else:
                 dt = step_time(batch.shape)
                 yield env.timeout(dt)

@@ -16,8 +16,7 @@ a finished request's one wasted decode in the step already scheduled, is not mod
 With several replicas (open loop, fast_forward), a replica's fast-forwarded decode run is cut only by
 the arrivals the router sends to it (testbed/sim/decode_runs.py): an arrival sent elsewhere no longer
 ends every replica's run, and the results are bit-identical to cutting them all (the KV a mid-run
-replica shows the router, the cut points and the order of the inter-token gaps are replayed from
-the old rule). Not with closed-loop sessions, async scheduling, or a policy that has an arrival hook.
+replica shows the router and the cut points are replayed from the old rule). Not with closed-loop sessions, async scheduling, or a policy that has an arrival hook.
 
 `run(stop)` ends early, cleanly, once `stop()` turns true (a signal raised it): the
 processes look at it only between steps and before an arrival, so every request's state is
@@ -215,7 +214,6 @@ class Simulation:
                 self._runs[i] = self._run_end[i] = None
                 self._in_step[i] = False
                 loop.complete(batch, env.now)
-                run.reorder_gaps(loop.itl)
                 continue
             next_arrival = self._next_arrival() if self.sessions is None else self._next_possible_arrival(i)
             if self.fast_forward and loop.extend_decode_run(batch, step_time, next_arrival, self._horizon):
