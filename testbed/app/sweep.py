@@ -88,6 +88,9 @@ class MergeSweepTable(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self._pending = Path(config.hydra.sweep.dir)
+        import pandas  # noqa: F401  (now: the table written at exit cannot import it then, whose
+        # import registers an atexit hook of its own, refused once the interpreter is shutting down)
+
         atexit.register(self._write_table)  # the sweep ended early: a job failed, or Ctrl-C
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
