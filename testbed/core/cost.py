@@ -70,9 +70,11 @@ def verify_as_decode_rows(shape: BatchShape) -> BatchShape:
 def add_work(shape: BatchShape, work: Iterable[tuple[int, int, bool]]) -> None:
     """Add a batch's (offset, tokens, is_decode) items to `shape`: a decode reads its context plus
     the new token; a prefill chunk of n tokens at offset o (tokens already in the cache) is n query
-    tokens over o + n KV tokens, n * (o + (n + 1) / 2) query-key pairs. The one place batch
-    features are summed, for the simulator's step loop and for a real vLLM step alike, so a cost
-    model fitted to one is asked the same question by the other."""
+    tokens over o + n KV tokens, n * (o + (n + 1) / 2) query-key pairs. The rule batch features are
+    summed by, for the simulator's step loop and for a real vLLM step alike, so a cost model fitted to
+    one is asked the same question by the other. (`StepLoop._apply` inlines this arithmetic in its walk
+    over a plan's items: calling it there cost 1-2 s of the main command's 4.5 s simulation; a change
+    here must be made there too, and tests/test_bit_identity.py fails on any difference.)"""
     prefill_tokens = prefill_seqs = decode_seqs = decode_kv = prefill_kv = 0
     pairs = 0.0
     for offset, n, decode in work:
