@@ -129,6 +129,30 @@ class CostModelConfig:
     seq_overhead_s: float = bounded(0.0, ge=0, le=0.01)
     allreduce_overhead_s: float = bounded(0.0, ge=0, le=0.01)  # per tensor-parallel all-reduce: the barrier's wait
     kernel_scale: float = bounded(1.0, gt=0, le=10)
+    # vLLM's sampler after the LM head (testbed/sim/sampler_cost.py; its path from `sampling`): each eager
+    # kernel's GPU floor and the measured rate of the whole-vocabulary sort of top-p, in bytes per logit at
+    # hardware.mem_bandwidth (both measured on an H100: vLLM PRs #42191, #33538, #32558)
+    sampler: bool = True
+    sampler_kernel_s: float = bounded(6.5e-6, ge=0, le=0.001)
+    sampler_sort_bytes_per_logit: float = bounded(364.0, ge=0, le=100000)
+
+
+@dataclass
+class SamplingConfig:
+    """What the workload's requests set of the sampling parameters (null: not set, as a load generator that
+    sends none), resolved as vLLM's API server does (testbed.core.sampling.resolve): the request's value,
+    else the model's generation_config.json default (`generation_config: auto`, vLLM's default; `vllm`:
+    vLLM's neutral defaults), else the neutral value. It decides which sampler path every step runs, which
+    cost_model=kernels prices (testbed/sim/sampler_cost.py)."""
+
+    generation_config: str = "auto"
+    temperature: Optional[float] = bounded(None, ge=0)
+    top_p: Optional[float] = bounded(None, gt=0, le=1)
+    top_k: Optional[int] = bounded(None, ge=-1)
+    min_p: Optional[float] = bounded(None, ge=0, le=1)
+    repetition_penalty: Optional[float] = bounded(None, gt=0)
+    frequency_penalty: Optional[float] = bounded(None, ge=-2, le=2)
+    presence_penalty: Optional[float] = bounded(None, ge=-2, le=2)
 
 
 @dataclass
@@ -291,6 +315,7 @@ class TestbedConfig:
     parallel: ParallelSpec = field(default_factory=ParallelSpec)  # tensor / pipeline parallel GPUs per replica
     output: OutputConfig = field(default_factory=OutputConfig)
     spec_decode: SpecDecodeConfig = field(default_factory=SpecDecodeConfig)  # speculative decoding (simulator only)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # the requests' sampling parameters
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # testbed-profile's grid
     fidelity: FidelityConfig = field(default_factory=FidelityConfig)  # testbed-fidelity's repeats

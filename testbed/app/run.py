@@ -34,6 +34,8 @@ from testbed.core.request import Request
 from testbed.app.results import steps_frame
 from testbed.sim.sessions import SESSION_REPLAYS, ClosedLoopSessions
 from testbed.sim.simulation import Simulation, gc_paused
+from testbed.core.generation_configs import model_generation_defaults
+from testbed.core.sampling import SamplingParams, resolve
 from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec, apply_config_json, kv_capacity_blocks
 
 log = logging.getLogger("testbed")
@@ -202,6 +204,7 @@ def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec)
     """The measured-kernel cost model for hardware.kernel_db_gpu (aiconfigurator-core, imported lazily)."""
     from testbed.sim.kernel_cost import KernelCostModel
     from testbed.sim.kernel_db import KernelDB
+    from testbed.sim.sampler_cost import SamplerCost
 
     cc = cfg.cost_model
     if not hw.kernel_db_gpu:
@@ -211,11 +214,26 @@ def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec)
     parallel = parallel_spec(cfg)
     db = KernelDB(hw.kernel_db_gpu, cc.framework, cc.framework_version, cc.data_dir)
     sc = cfg.scheduler
+    sampler = None
+    if cc.get("sampler", True):
+        params, _ = sampling_params(cfg, model)
+        sampler = SamplerCost(params, model.vocab_size, hw.mem_bandwidth, kernel_s=cc.sampler_kernel_s,
+                              sort_bytes_per_logit=cc.sampler_sort_bytes_per_logit)
     return KernelCostModel(model, hw, parallel, db, step_overhead_s=cc.step_overhead_s,
                            layer_overhead_s=cc.layer_overhead_s, seq_overhead_s=cc.seq_overhead_s,
                            allreduce_overhead_s=cc.allreduce_overhead_s,
                            kernel_scale=cc.kernel_scale, block_size=cfg.kv.block_size,
-                           max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs))
+                           max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs), sampler=sampler)
+
+
+def sampling_params(cfg: DictConfig, model: ModelSpec) -> tuple[SamplingParams, str]:
+    """The requests' sampling parameters as vLLM resolves them (`sampling.*`, else the model's generation
+    defaults, else the neutral ones) and where the model's defaults came from."""
+    sc = cfg.get("sampling") or {}
+    defaults, source = model_generation_defaults(model.generation_config, model.hf_id, model.name)
+    request = {k: sc.get(k) for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                                      "frequency_penalty", "presence_penalty")}
+    return resolve(request, defaults, sc.get("generation_config", "auto")), source
 
 
 def with_host_link(cost, cfg: DictConfig, model: ModelSpec, hw: HardwareSpec):

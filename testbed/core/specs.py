@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from testbed.core.bounds import bounded, check_ranges
+from testbed.core.sampling import generation_defaults
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8": 1}
 
@@ -89,6 +90,14 @@ class ModelSpec:
     weight_dtype: Optional[str] = None
     # the KV cache's dtype: set kv.cache_dtype, which conf/config.yaml copies here (auto: `dtype`)
     kv_cache_dtype: Optional[str] = "auto"
+    # the checkpoint's Hugging Face id (e.g. meta-llama/Llama-3.1-8B-Instruct): names whose generation defaults
+    # testbed.core.generation_configs knows, when no generation_config.json is at hand
+    hf_id: Optional[str] = None
+    # the sampling defaults of the checkpoint's generation_config.json that vLLM applies to requests setting
+    # none (testbed.core.sampling): repetition_penalty, temperature, top_k, top_p, min_p. null: looked up (a
+    # generation_config.json beside model.config_json, else the known checkpoint named by hf_id or name);
+    # {}: the file sets none
+    generation_config: Optional[dict[str, float]] = None
 
     def __post_init__(self) -> None:
         weight_dtype_name(self.weight_dtype, self.dtype)  # a bad value fails here, naming its key
@@ -329,6 +338,7 @@ class ModelSpec:
         tie = cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", False))
         quant = top.get("quantization_config") or cfg.get("quantization_config") or {}
         rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta")
+        hf_id = cfg.get("_name_or_path") or top.get("_name_or_path") or None
         return cls(
             name=name or cfg.get("_name_or_path") or top.get("_name_or_path") or file.parent.name,
             hidden_size=need("hidden_size"),
@@ -348,7 +358,19 @@ class ModelSpec:
             moe_intermediate_size=moe_inter,
             shared_expert_intermediate_size=shared,
             weight_dtype=_checkpoint_weight_dtype(quant),
+            hf_id=hf_id,
+            generation_config=_generation_file(file.parent / "generation_config.json"),
         )
+
+
+def _generation_file(path: Path) -> Optional[dict]:
+    """The sampling defaults vLLM takes from a checkpoint's generation_config.json (None: no such file)."""
+    if not path.is_file():
+        return None
+    try:
+        return generation_defaults(json.loads(path.read_text()))
+    except ValueError as e:
+        raise ValueError(f"model.config_json: {path} is not valid JSON ({e})") from None
 
 
 def _checkpoint_weight_dtype(quant: dict) -> Optional[str]:
@@ -374,7 +396,9 @@ def apply_config_json(spec: ModelSpec, keep_name: bool = False) -> ModelSpec:
     read = ModelSpec.from_hf_config(spec.config_json, name=spec.name if keep_name else None)
     return replace(read, config_json=spec.config_json, checkpoint=spec.checkpoint,
                    random_weights=spec.random_weights, weight_dtype=spec.weight_dtype or read.weight_dtype,
-                   kv_cache_dtype=spec.kv_cache_dtype)
+                   kv_cache_dtype=spec.kv_cache_dtype, hf_id=spec.hf_id or read.hf_id,
+                   generation_config=spec.generation_config if spec.generation_config is not None
+                   else read.generation_config)
 
 
 @dataclass

@@ -49,12 +49,13 @@ import numpy as np
 from testbed.core.cost import BatchShape, verify_as_decode_rows
 from testbed.core.specs import WEIGHT_DTYPES, HardwareSpec, ModelSpec, ParallelSpec
 from testbed.sim.kernel_db import KernelDB, KernelDBError
+from testbed.sim.sampler_cost import SamplerCost
 
 
 class KernelCostModel:
     """step = kernel_scale x (kernels of the slowest pipeline stage) + pipeline hand-offs
     + step_overhead_s + layer_overhead_s x its layers + allreduce_overhead_s x its all-reduces
-    + seq_overhead_s x sequences + swap.
+    + seq_overhead_s x sequences + the sampler (`sampler`, testbed/sim/sampler_cost.py) + swap.
 
     Everything that depends on the token count alone (GEMMs, MoE, all-reduces) is tabulated at
     construction for 1..max_tokens tokens; attention look-ups are memoised on (batch, length), so a
@@ -65,7 +66,7 @@ class KernelCostModel:
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec, db: KernelDB, *,
                  step_overhead_s: float = 0.0, layer_overhead_s: float = 0.0, seq_overhead_s: float = 0.0,
                  allreduce_overhead_s: float = 0.0, kernel_scale: float = 1.0, block_size: int = 16,
-                 max_tokens: int = 16384):
+                 max_tokens: int = 16384, sampler: SamplerCost | None = None):
         hardware.validate()
         parallel.validate()
         for key, v in (("step_overhead_s", step_overhead_s), ("layer_overhead_s", layer_overhead_s),
@@ -89,6 +90,10 @@ class KernelCostModel:
         self.step_overhead = step_overhead_s + layer_overhead_s * self.layers_per_stage \
             + allreduce_overhead_s * allreduces
         self.seq_overhead = seq_overhead_s
+        # the sampler runs after the LM head on the last stage, once per step over every sampled row
+        self.sampler = sampler
+        self.sampler_fixed = sampler.fixed_s if sampler is not None else 0.0
+        self.sampler_per_row = sampler.per_row_s if sampler is not None else 0.0
         self.max_tokens = max_tokens
         # a stage hands tokens x hidden activations to the next; each GPU of a stage moves its own share
         self.handoff_per_token = (p - 1) * m.hidden_size * m.dtype_bytes / hardware.interconnect_bandwidth
@@ -221,9 +226,13 @@ class KernelCostModel:
             layer += self.generation_attention(rows.num_decode_seqs, rows.decode_kv_tokens)
         heads = seqs + s.num_spec_tokens  # a verify needs logits at every draft position
         lm = self._lm_head[heads] if heads <= self.max_tokens else float(self._lm_head_costs(np.array([heads]))[0])
-        ends = per_step + lm if self.parallel.pipeline_parallel_size == 1 else max(per_step, lm)
-        kernels = self.layers_per_stage * layer + ends
-        return (self.kernel_scale * kernels + self.handoff_per_token * tokens + self.handoff_fixed
+        sample = self.sampler_fixed + self.sampler_per_row * heads  # not a table kernel: kernel_scale leaves it
+        if self.parallel.pipeline_parallel_size == 1:
+            kernels = self.kernel_scale * (self.layers_per_stage * layer + (per_step + lm)) + sample
+        else:  # the first stage's embedding all-reduce against the last stage's LM head and sampler
+            kernels = self.kernel_scale * self.layers_per_stage * layer \
+                + max(self.kernel_scale * per_step, self.kernel_scale * lm + sample)
+        return (kernels + self.handoff_per_token * tokens + self.handoff_fixed
                 + self.step_overhead + self.seq_overhead * seqs + swap)
 
 
