@@ -41,7 +41,7 @@ def test_plain_refuses_what_it_does_not_compute():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the bench's CUDA-graph decode step")
-def test_plain_decode_graph_replays_the_eager_step(model):
+def test_plain_decode_graph_replays_the_eager_step():
     """The bench times plain decode steps as graph replays: the replay gives the eager step's tokens."""
     cuda = build_model(make_config("tiny_llama", initializer_range=0.2), dtype=torch.float32, seed=0, device="cuda")
     plain = PlainLlama.from_hf(cuda)

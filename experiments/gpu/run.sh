@@ -108,7 +108,7 @@ stage_tests() {
     # shellcheck disable=SC2086
     "$PY" -m pytest -p no:cacheprovider -q -rs -m "not gpu and not slow" $suite
   } >> "$log" 2>&1 || rc=1
-  grep -E "^(== |[0-9]+ (passed|failed)|FAILED|ERROR|SKIPPED)" "$log"
+  grep -E "^(== |[0-9]+ (passed|failed|skipped)|FAILED|ERROR|SKIPPED)" "$log"
   return $rc
 }
 
