@@ -356,6 +356,7 @@ def test_fixed_shape_limits_fall_back_to_the_general_path(model):
     assert h.runner.fixed_shape_steps == 0
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: CUDA graph capture and replay")
 def test_cuda_graph_decode_equals_generate():
     m = build_model(make_config("tiny_llama", **INIT), dtype=torch.float32, seed=0, device=torch.device("cuda"))

@@ -1,14 +1,23 @@
-"""Engine step-time benchmark (issue 4's table): decode steps, prefills, and a 256-request job.
+"""Engine step-time benchmark (issue 4's table): decode steps, prefills, and a 256-request job,
+each beside the same step in plain torch.
 
 Usage (GPU):  python -m testbed.app.bench                      # Llama-3-8B shape, bf16, random weights
       (CPU):  python -m testbed.app.bench --model tiny_llama --device cpu --dtype float32 --small
 Prints a table with the device, torch and transformers versions; `--out FILE` also writes it.
 Each timing is the median of `--repeats` runs after warm-up; `execute()` returns host ints,
 so every timing includes the device synchronisation.
+
+The plain-torch column (`testbed/app/plain_llama.py`: a bare Llama forward, fused QKV, SDPA over
+a flat cache, SwiGLU, with the engine's own weights) is the floor issue 4 set the engine's
+targets against: decode steps within 1.3x of it, the job within 1.3x. It runs after the engine's
+measurements, once the engine's KV cache is freed, with CUDA graphs for its decode steps when the
+engine's have them; its job figure is composed as issue 4's was (prefills of 16 prompts, then
+the decode steps at the job's middle context, each timed and summed). `--no-plain` leaves it out.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -21,6 +30,7 @@ from testbed.engine.models import build_model
 from testbed.engine.runner import ModelRunner
 from testbed.core.kv import BlockManager
 from testbed.core.request import Request, RequestState
+from testbed.app.plain_llama import PlainLlama
 from testbed.app.run import resolve_model_spec
 
 
@@ -54,6 +64,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--small", action="store_true", help="small sizes, for a CPU smoke run")
     ap.add_argument("--no-graphs", action="store_true", help="decode steps eagerly, without CUDA graphs")
+    ap.add_argument("--no-plain", action="store_true", help="no plain-torch column")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args()
 
@@ -78,13 +89,13 @@ def main() -> None:
         runner.enable_decode_graphs(256, spec.max_model_len, use_graphs=True)
         capture_s = time.perf_counter() - t0
     kv = BlockManager(blocks, bs, enable_prefix_caching=False)
-    rows = []
+    rows = []  # name, engine seconds, of which input preparation, plain seconds
     for b in decode_batches:
         states = _states(kv, b, ctx)
         tokens = {s.req.id: [1] * (ctx + 1) for s in states}
         items = [(s, 1) for s in states]
         t = _time(lambda: runner.execute(items, tokens), args.repeats)
-        rows.append((f"decode step, batch {b}, context {ctx}", t, runner.last_prepare_s))
+        rows.append([f"decode step, batch {b}, context {ctx}", t, runner.last_prepare_s, None])
         for s in states:
             kv.free(s)
     for n in prefills:
@@ -92,22 +103,76 @@ def main() -> None:
         kv.allocate(s, n)
         tokens = {s.req.id: list(range(16, 16 + n))}
         t = _time(lambda: runner.execute([(s, n)], tokens), max(3, args.repeats // 2))
-        rows.append((f"prefill {n} tokens", t, runner.last_prepare_s))
+        rows.append([f"prefill {n} tokens", t, runner.last_prepare_s, None])
         kv.free(s)
-    rows.append((f"{job[0]} x ({job[1]} in, {job[2]} out), all at once", _job(cfg, spec, runner, kv, cache, job), None))
+    rows.append([f"{job[0]} x ({job[1]} in, {job[2]} out), all at once", _job(cfg, spec, runner, kv, cache, job), None,
+                 None])
+    engine_graphs = (f"CUDA graphs ({len(runner.decode_graphs.graphs)} captured in {capture_s:.1f} s)" if graphs
+                     else "eager")
+
+    plain_note = ""
+    if not args.no_plain:
+        del runner, cache, kv
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        plain = PlainLlama.from_hf(model)
+        del model  # the weights the plain forward does not share (q/k/v, gate/up) are freed
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        _plain_rows(plain, rows, decode_batches, ctx, prefills, job, graphs, args.repeats)
+        n, p, o = job
+        plain_note = (f"plain torch: a bare Llama forward (testbed/app/plain_llama.py), decode steps "
+                      f"{'as CUDA graphs' if graphs else 'eager'}; its job figure is {-(-n // 16)} prefills of "
+                      f"{min(n, 16)} x {p} tokens + {o - 1} decode steps at batch {n}, context {p + o // 2}, "
+                      f"each timed and summed")
 
     header = (f"engine bench: {args.model} ({spec.num_params / 1e6:,.1f} M params), {args.dtype}, device "
               f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "
-              f"transformers {transformers.__version__}; decode steps: "
-              + (f"CUDA graphs ({len(runner.decode_graphs.graphs)} captured in {capture_s:.1f} s)" if graphs else "eager"))
-    lines = [header, "", "| measurement | time | of which host input preparation |", "|---|---|---|"]
-    lines += [f"| {name} | " + (f"{t * 1e3:.2f} ms" if t < 1 else f"{t:.2f} s")
-              + (f" | {prep * 1e3:.2f} ms |" if prep is not None else " | |") for name, t, prep in rows]
+              f"transformers {transformers.__version__}; engine decode steps: {engine_graphs}")
+    fmt = lambda t: "" if t is None else (f"{t * 1e3:.2f} ms" if t < 1 else f"{t:.2f} s")  # noqa: E731
+    lines = [header] + ([plain_note] if plain_note else []) + [""]
+    lines += ["| measurement | engine | of which host input preparation | plain torch | engine / plain |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {name} | {fmt(t)} | {fmt(prep)} | {fmt(plain_t)} | "
+              + (f"{t / plain_t:.2f}x |" if plain_t else " |") for name, t, prep, plain_t in rows]
     text = "\n".join(lines)
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
+
+
+def _plain_rows(plain: PlainLlama, rows: list, decode_batches, ctx: int, prefills, job, graphs: bool,
+                repeats: int) -> None:
+    """The plain-torch time of each row, in place (rows in the order `main` made them)."""
+    i = 0
+    for b in decode_batches:
+        rows[i][3] = _plain_decode(plain, b, ctx, graphs, repeats)
+        i += 1
+    for n in prefills:
+        rows[i][3] = _plain_prefill(plain, 1, n, max(3, repeats // 2))
+        i += 1
+    n, p, o = job
+    prefill = _plain_prefill(plain, min(n, 16), p, max(3, repeats // 2))
+    decode = _plain_decode(plain, n, p + o // 2, graphs, repeats)
+    rows[i][3] = -(-n // 16) * prefill + (o - 1) * decode
+
+
+def _plain_prefill(plain: PlainLlama, batch: int, n: int, repeats: int) -> float:
+    ids = torch.randint(16, plain.embed.shape[0], (batch, n), device=plain.device)
+    with plain.cache(batch, n):
+        return _time(lambda: plain.step(ids, 0).tolist(), repeats)
+
+
+def _plain_decode(plain: PlainLlama, batch: int, context: int, graphs: bool, repeats: int) -> float:
+    """A decode step of `batch` sequences at `context` tokens each; replayed as a CUDA graph when `graphs`."""
+    ids = torch.ones(batch, 1, dtype=torch.long, device=plain.device)
+    with plain.cache(batch, context + 1):
+        if not graphs:
+            return _time(lambda: plain.step(ids, context).tolist(), repeats)
+        return _time(plain.captured_step(ids, context), repeats)
 
 
 def _job(cfg, spec, runner, kv, cache, job) -> float:
