@@ -7,6 +7,7 @@ recorded into the per-request table and the summary.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import platform
@@ -201,7 +202,6 @@ def _target_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> C
 def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
     """The measured-kernel cost model for hardware.kernel_db_gpu (aiconfigurator-core, imported lazily)."""
     from testbed.sim.kernel_cost import KernelCostModel
-    from testbed.sim.kernel_db import KernelDB
 
     cc = cfg.cost_model
     if not hw.kernel_db_gpu:
@@ -209,13 +209,24 @@ def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec)
                          f"the measured kernel database (e.g. hardware.kernel_db_gpu=h100_sxm; "
                          f"`python -m testbed.sim.kernel_db` lists them)")
     parallel = parallel_spec(cfg)
-    db = KernelDB(hw.kernel_db_gpu, cc.framework, cc.framework_version, cc.data_dir)
+    db = shared_kernel_db(hw.kernel_db_gpu, cc.framework, cc.framework_version, cc.data_dir)
     sc = cfg.scheduler
     return KernelCostModel(model, hw, parallel, db, step_overhead_s=cc.step_overhead_s,
                            layer_overhead_s=cc.layer_overhead_s, seq_overhead_s=cc.seq_overhead_s,
                            allreduce_overhead_s=cc.allreduce_overhead_s,
                            kernel_scale=cc.kernel_scale, block_size=cfg.kv.block_size,
                            max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs))
+
+
+@functools.lru_cache(maxsize=8)
+def shared_kernel_db(gpu: str, framework: str, version: str | None, data_dir: str | None):
+    """One `KernelDB` per set of tables in a process. Its look-ups are memoised on the instance, so a
+    process that builds many cost models (testbed-validate's replays: one per run and fitted value)
+    reads and grids each table once instead of once per model (about 0.3 s each); the look-ups are
+    pure, so sharing them changes no step time."""
+    from testbed.sim.kernel_db import KernelDB
+
+    return KernelDB(gpu, framework, version, data_dir)
 
 
 def with_host_link(cost, cfg: DictConfig, model: ModelSpec, hw: HardwareSpec):
