@@ -246,11 +246,17 @@ class FidelityConfig:
 class ValidateConfig:
     """`testbed-validate`: real runs replayed in the simulator (testbed/app/validate_runs.py)."""
 
-    runs: Optional[str] = None  # a folder of run folders in inference-perf's format (testbed/app/real_runs.py)
+    # a folder of run folders in inference-perf's format (testbed/app/real_runs.py), or a list of such folders
+    runs: Any = None
     fit: list[str] = field(default_factory=list)  # numeric config keys to fit to the runs (least squares)
     leave_one_model_out: bool = True  # with fit: score each model with the keys fitted on the others
     fit_step: float = bounded(0.1, gt=0, le=1)  # finite-difference step, relative to each key's value (start keys > 0)
-    fit_iterations: int = bounded(2, ge=1)  # Gauss-Newton linearisations (each: 1 + len(fit) replays of every run)
+    # steps tried (each: one replay of every run; plus len(fit) replays of every run per Jacobian taken)
+    fit_iterations: int = bounded(2, ge=1)
+    # broyden: one finite-difference Jacobian, updated from each step (a fresh one when a step fails);
+    # newton: a fresh Jacobian before every step (Gauss-Newton)
+    fit_method: str = "broyden"
+    fit_tolerance: float = bounded(1e-3, gt=0)  # stop when no key would move by this much of its starting value
     jobs: Optional[int] = bounded(None, ge=1)  # runs simulated in parallel (null: one per CPU)
     stage_gap_s: float = bounded(60.0, gt=0)  # idle time between stages (the load generator waits for a stage to drain)
     drain_s: float = bounded(300.0, gt=0)  # the clock stops this long after the last stage (overloaded runs never drain)

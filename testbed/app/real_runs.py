@@ -14,7 +14,11 @@ generator of kubernetes-sigs/inference-perf, used for the H100 runs in
   and `load.stages` (`rate`, `duration`);
 - `results/stage_<i>_lifecycle_metrics.json`: the client-side aggregates of stage i
   (`successes.latency.{time_to_first_token,request_latency}.mean`, `successes.prompt_len.mean`,
-  `successes.count`, `failures.count`, `load_summary.{count,achieved_rate}`).
+  `successes.count`, `failures.count`, `load_summary.{count,achieved_rate}`), and where present the
+  p90 and p99 of those two latencies, `inter_token_latency` (mean, p90, p99) and the mean
+  `time_per_output_token` (`Stage.measured`: how the load generator defines them, `testbed.app.inference_perf`);
+- optionally `results/summary_lifecycle_metrics.json`: the same figures over the whole run (every stage's
+  requests together; `RealRun.whole`).
 
 The model's Hugging Face `config.json` is looked up as `model_configs/<last part of the model
 id>/config.json` beside the run or in the folder above it. Every missing file or key is an
@@ -23,10 +27,22 @@ error naming the file and the key.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+
+# metric name -> (latency in successes.latency, statistic): what the client measured, as inference-perf
+# summarises it (inference_perf/reportgen/base.py:307-317); `stream_tpot` is its time_per_output_token
+MEASURED = {
+    "ttft": ("time_to_first_token", "mean"), "ttft_p90": ("time_to_first_token", "p90"),
+    "ttft_p99": ("time_to_first_token", "p99"),
+    "e2e": ("request_latency", "mean"), "e2e_p90": ("request_latency", "p90"), "e2e_p99": ("request_latency", "p99"),
+    "itl": ("inter_token_latency", "mean"), "itl_p90": ("inter_token_latency", "p90"),
+    "itl_p99": ("inter_token_latency", "p99"), "stream_tpot": ("time_per_output_token", "mean"),
+}
 
 
 class RealRunError(ValueError):
@@ -47,6 +63,9 @@ class Stage:
     mean_prompt_len: float  # tokenised prompt length the client counted
     mean_ttft_s: float
     mean_e2e_s: float
+    # every figure the client reported that the validation compares, in seconds, by metric name
+    # (`MEASURED`): always ttft and e2e (the means), the others where the file has them
+    measured: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def overloaded(self) -> bool:
@@ -84,10 +103,27 @@ class RealRun:
     async_scheduling: bool
     workload: SharedPrefixWorkload
     stages: tuple[Stage, ...]
+    # the whole run's figures (`MEASURED` keys) from summary_lifecycle_metrics.json; None without that file
+    whole: Mapping[str, float] | None = None
 
     @property
     def model_name(self) -> str:
         return self.model_id.rsplit("/", 1)[-1]
+
+
+def load_run_sets(folders: str | Path | Sequence[str | Path]) -> list[RealRun]:
+    """The runs of one folder or of several (`load_runs` each), in the order given; two runs of one
+    name are an error (results and caches are keyed by it)."""
+    many = [folders] if isinstance(folders, (str, Path)) else list(folders)
+    if not many:
+        raise RealRunError("no folder of real runs given")
+    runs = [r for f in many for r in load_runs(f)]
+    seen: dict[str, Path] = {}
+    for r in runs:
+        if r.name in seen:
+            raise RealRunError(f"two runs named {r.name!r}: {seen[r.name]} and {r.path}")
+        seen[r.name] = r.path
+    return runs
 
 
 def load_runs(folder: str | Path) -> list[RealRun]:
@@ -120,7 +156,31 @@ def load_run(path: str | Path) -> RealRun:
         max_num_seqs=int(_at(exp, "max_num_seqs", exp_file)),
         gpu_memory_utilization=float(exp.get("gpu_memory_utilization", 0.9)),
         async_scheduling=bool(exp.get("async_scheduling", True)),
-        workload=workload, stages=stages)
+        workload=workload, stages=stages, whole=_whole(d))
+
+
+def _whole(d: Path) -> dict[str, float] | None:
+    f = d / "results" / "summary_lifecycle_metrics.json"
+    if not f.is_file():
+        return None
+    m = _read(f, json.loads)
+    figures = _measured(m)
+    for key in ("ttft", "e2e"):
+        if key not in figures:
+            kind, stat = MEASURED[key]
+            raise RealRunError(f"{f}: missing key {stat!r} (in successes.latency.{kind})")
+    return figures
+
+
+def _measured(m: dict) -> dict[str, float]:
+    """The MEASURED figures a lifecycle-metrics file holds (a null or absent one is left out)."""
+    latency = (m.get("successes") or {}).get("latency") or {}
+    out = {}
+    for name, (kind, stat) in MEASURED.items():
+        v = (latency.get(kind) or {}).get(stat)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[name] = float(v)
+    return out
 
 
 def _stage(d: Path, i: int, asked: dict) -> Stage:
@@ -137,7 +197,7 @@ def _stage(d: Path, i: int, asked: dict) -> Stage:
         completed_rate=float(_at(m, "successes.throughput.requests_per_sec", f)),
         mean_prompt_len=float(_at(m, "successes.prompt_len.mean", f)),
         mean_ttft_s=float(_at(m, "successes.latency.time_to_first_token.mean", f)),
-        mean_e2e_s=float(_at(m, "successes.latency.request_latency.mean", f)))
+        mean_e2e_s=float(_at(m, "successes.latency.request_latency.mean", f)), measured=_measured(m))
 
 
 def _model_config(d: Path, model_id: str) -> Path:

@@ -7,6 +7,7 @@ recorded into the per-request table and the summary.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import platform
@@ -203,7 +204,6 @@ def _target_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> C
 def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
     """The measured-kernel cost model for hardware.kernel_db_gpu (aiconfigurator-core, imported lazily)."""
     from testbed.sim.kernel_cost import KernelCostModel
-    from testbed.sim.kernel_db import KernelDB
     from testbed.sim.sampler_cost import SamplerCost
 
     cc = cfg.cost_model
@@ -212,7 +212,7 @@ def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec)
                          f"the measured kernel database (e.g. hardware.kernel_db_gpu=h100_sxm; "
                          f"`python -m testbed.sim.kernel_db` lists them)")
     parallel = parallel_spec(cfg)
-    db = KernelDB(hw.kernel_db_gpu, cc.framework, cc.framework_version, cc.data_dir)
+    db = shared_kernel_db(hw.kernel_db_gpu, cc.framework, cc.framework_version, cc.data_dir)
     sc = cfg.scheduler
     sampler = None
     if cc.get("sampler", True):
@@ -234,6 +234,17 @@ def sampling_params(cfg: DictConfig, model: ModelSpec) -> tuple[SamplingParams, 
     request = {k: sc.get(k) for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                                       "frequency_penalty", "presence_penalty")}
     return resolve(request, defaults, sc.get("generation_config", "auto")), source
+
+
+@functools.lru_cache(maxsize=8)
+def shared_kernel_db(gpu: str, framework: str, version: str | None, data_dir: str | None):
+    """One `KernelDB` per set of tables in a process. Its look-ups are memoised on the instance, so a
+    process that builds many cost models (testbed-validate's replays: one per run and fitted value)
+    reads and grids each table once instead of once per model (about 0.3 s each); the look-ups are
+    pure, so sharing them changes no step time."""
+    from testbed.sim.kernel_db import KernelDB
+
+    return KernelDB(gpu, framework, version, data_dir)
 
 
 def with_host_link(cost, cfg: DictConfig, model: ModelSpec, hw: HardwareSpec):
