@@ -66,6 +66,7 @@ def run_config(cfg: DictConfig, run: RealRun, values: dict[str, float] | None = 
         c.kv.memory_utilization = run.gpu_memory_utilization
         c.backend.async_scheduling = run.async_scheduling
         c.model.config_json = str(run.model_config)
+        c.model.hf_id = run.model_id  # whose generation_config.json decides the sampler (testbed.core.sampling)
         c.output.progress = False
         c.output.record_token_times = True  # the load generator's inter-token figures need each token's time
         # an overloaded stage's queue would take (simulated) hours to drain: stop the clock
