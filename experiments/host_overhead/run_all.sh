@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every measurement of this folder, into results/ (a log per script in results/logs/).
-# Each script takes /tmp/quiet.lock exclusively around its timed windows only.
+# Every measurement of this folder, into results/ (a log per script in results/logs/), then the fits.
+# Each script takes /tmp/quiet.lock exclusively around its timed windows only (bounded waits: common.py).
 #   bash experiments/host_overhead/run_all.sh [VENV ...]   (default: /work/venvs/vllm015 /work/venvs/vllm)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -13,9 +13,11 @@ for v in "${venvs[@]}"; do
   for s in scheduler output_processor runner async_gap; do
     echo "== $tag $s  (load $(cut -d' ' -f1-3 /proc/loadavg))"
     "$v/bin/python" "$here/$s.py" > "$here/results/logs/${s}_${tag}.log" 2>&1
-    grep -E "^(sync|async|bpe|spm|L=|gpu)|load average" "$here/results/logs/${s}_${tag}.log" | tail -n 3
+    grep -E "load average" "$here/results/logs/${s}_${tag}.log" | tail -n 1
   done
+  "$v/bin/python" "$here/scheduler.py" --warm > "$here/results/logs/scheduler-warm_${tag}.log" 2>&1
 done
 if [ -x /work/venvs/pyperf/bin/python ]; then
   /work/venvs/pyperf/bin/python "$here/cpu_speed.py" > "$here/results/logs/cpu_speed.log" 2>&1
 fi
+python "$here/summarize.py" > /dev/null

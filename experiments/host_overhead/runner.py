@@ -23,7 +23,7 @@ instance (perf_counter_ns, about 1 us per call). For each context length L, B re
 L-token prompts are added and prefilled (not timed); then `--steps` decode steps are timed (every step
 must schedule exactly B one-token requests), and the requests are aborted before the next B.
 
-Per step, in microseconds (medians over the steps; p10/p90 beside):
+Per step, in microseconds (medians over the steps; p10/p90 beside; wall time and the thread's CPU time):
 - prep = execute_model - _model_forward - compute_logits: all host work before and around the forward;
 - post = sample_tokens - _sample: bookkeeping after sampling (sampled ids to lists, the
   ModelRunnerOutput, request state updates);
@@ -220,8 +220,6 @@ def main() -> None:
                   f"forward {by['forward']['median_us']}, logits {by['logits']['median_us']}, "
                   f"sample {by['sample']['median_us']}, step {by['step']['median_us']} us; CPU time: prep "
                   f"{by['prep']['cpu_median_us']}, post {by['post']['cpu_median_us']} us", flush=True)
-        from vllm.v1.engine.llm_engine import LLMEngine  # noqa: F401
-
         engine.engine_core.shutdown()
         del engine, core, runner
         gc.collect()
