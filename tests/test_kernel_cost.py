@@ -157,3 +157,17 @@ def test_without_the_package_the_install_hint_is_raised(monkeypatch):
     with pytest.raises(ImportError) as err:
         KernelDB("h100_sxm")
     assert str(err.value) == INSTALL_HINT
+
+
+@needs_db
+def test_host_work_hides_behind_the_gpu_under_async_scheduling_and_adds_without_it(db):
+    """vLLM's engine-core host work per step (experiments/host_overhead/: a + b x sequences) runs while the
+    GPU executes the previous step when async scheduling is on: a step takes max(GPU, host); off, GPU + host."""
+    s = shape([(1000, 1, True)] * 8)
+    gpu = cost(db).step_time(s)
+    small, big = dict(host_step_s=1e-4, host_seq_s=1e-6), dict(host_step_s=gpu, host_seq_s=1e-4)
+    assert cost(db, async_scheduling=True, **small).step_time(s) == gpu  # hidden
+    assert cost(db, async_scheduling=True, **big).step_time(s) == pytest.approx(gpu + 8e-4)  # host-bound
+    assert cost(db, async_scheduling=False, **small).step_time(s) == pytest.approx(gpu + 1e-4 + 8e-6)
+    with pytest.raises(ValueError, match="host_seq_s=-1"):
+        cost(db, host_seq_s=-1.0)

@@ -133,6 +133,11 @@ class CostModelConfig:
     # kernel's GPU floor and the measured rate of the whole-vocabulary sort of top-p, in bytes per logit at
     # hardware.mem_bandwidth (both measured on an H100: vLLM PRs #42191, #33538, #32558)
     sampler: bool = True
+    # vLLM's engine-core host work per step (scheduler, input preparation, output bookkeeping), measured with
+    # vLLM 0.15.1's own code on a 2.45 GHz Zen 3 core (experiments/host_overhead/): a step takes max(GPU, host)
+    # under async scheduling, GPU + host without it
+    host_step_s: float = bounded(0.0, ge=0, le=1)
+    host_seq_s: float = bounded(0.0, ge=0, le=0.01)
     sampler_kernel_s: float = bounded(6.5e-6, ge=0, le=0.001)
     sampler_sort_bytes_per_logit: float = bounded(364.0, ge=0, le=100000)
 

@@ -223,7 +223,9 @@ def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec)
                            layer_overhead_s=cc.layer_overhead_s, seq_overhead_s=cc.seq_overhead_s,
                            allreduce_overhead_s=cc.allreduce_overhead_s,
                            kernel_scale=cc.kernel_scale, block_size=cfg.kv.block_size,
-                           max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs), sampler=sampler)
+                           max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs), sampler=sampler,
+                           host_step_s=cc.get("host_step_s", 0.0), host_seq_s=cc.get("host_seq_s", 0.0),
+                           async_scheduling=bool(cfg.backend.get("async_scheduling")))
 
 
 def sampling_params(cfg: DictConfig, model: ModelSpec) -> tuple[SamplingParams, str]:

@@ -55,7 +55,11 @@ from testbed.sim.sampler_cost import SamplerCost
 class KernelCostModel:
     """step = kernel_scale x (kernels of the slowest pipeline stage) + pipeline hand-offs
     + step_overhead_s + layer_overhead_s x its layers + allreduce_overhead_s x its all-reduces
-    + seq_overhead_s x sequences + the sampler (`sampler`, testbed/sim/sampler_cost.py) + swap.
+    + seq_overhead_s x sequences + the sampler (`sampler`, testbed/sim/sampler_cost.py) + swap: the GPU's
+    time. vLLM's engine-core host work per step (scheduling, input preparation, output bookkeeping:
+    host_step_s + host_seq_s x sequences, measured with vLLM 0.15.1's own code, experiments/host_overhead/)
+    runs while the GPU executes the previous step under async scheduling (vllm/v1/engine/core.py
+    `step_with_batch_queue`), so a step takes max(GPU, host); without it, GPU + host.
 
     Everything that depends on the token count alone (GEMMs, MoE, all-reduces) is tabulated at
     construction for 1..max_tokens tokens; attention look-ups are memoised on (batch, length), so a
@@ -66,11 +70,13 @@ class KernelCostModel:
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec, db: KernelDB, *,
                  step_overhead_s: float = 0.0, layer_overhead_s: float = 0.0, seq_overhead_s: float = 0.0,
                  allreduce_overhead_s: float = 0.0, kernel_scale: float = 1.0, block_size: int = 16,
-                 max_tokens: int = 16384, sampler: SamplerCost | None = None):
+                 max_tokens: int = 16384, sampler: SamplerCost | None = None, host_step_s: float = 0.0,
+                 host_seq_s: float = 0.0, async_scheduling: bool = True):
         hardware.validate()
         parallel.validate()
         for key, v in (("step_overhead_s", step_overhead_s), ("layer_overhead_s", layer_overhead_s),
-                       ("seq_overhead_s", seq_overhead_s), ("allreduce_overhead_s", allreduce_overhead_s)):
+                       ("seq_overhead_s", seq_overhead_s), ("allreduce_overhead_s", allreduce_overhead_s),
+                       ("host_step_s", host_step_s), ("host_seq_s", host_seq_s)):
             if not v >= 0:
                 raise ValueError(f"cost_model.{key}={v}: must be >= 0")
         if not kernel_scale > 0:
@@ -94,6 +100,7 @@ class KernelCostModel:
         self.sampler = sampler
         self.sampler_fixed = sampler.fixed_s if sampler is not None else 0.0
         self.sampler_per_row = sampler.per_row_s if sampler is not None else 0.0
+        self.host_step, self.host_seq, self.async_scheduling = host_step_s, host_seq_s, async_scheduling
         self.max_tokens = max_tokens
         # a stage hands tokens x hidden activations to the next; each GPU of a stage moves its own share
         self.handoff_per_token = (p - 1) * m.hidden_size * m.dtype_bytes / hardware.interconnect_bandwidth
@@ -232,8 +239,10 @@ class KernelCostModel:
         else:  # the first stage's embedding all-reduce against the last stage's LM head and sampler
             kernels = self.kernel_scale * self.layers_per_stage * layer \
                 + max(self.kernel_scale * per_step, self.kernel_scale * lm + sample)
-        return (kernels + self.handoff_per_token * tokens + self.handoff_fixed
-                + self.step_overhead + self.seq_overhead * seqs + swap)
+        gpu = (kernels + self.handoff_per_token * tokens + self.handoff_fixed
+               + self.step_overhead + self.seq_overhead * seqs + swap)
+        host = self.host_step + self.host_seq * seqs
+        return (gpu if gpu >= host else host) if self.async_scheduling else gpu + host
 
 
 def _weight_kernels(model: ModelSpec, hardware: HardwareSpec) -> tuple[str, float | None]:
