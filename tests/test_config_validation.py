@@ -81,11 +81,11 @@ def numeric_keys() -> list[tuple[str, str, object]]:
             t = field_types(schema)[f.name]
             if dataclasses.is_dataclass(t):
                 yield from walk(t, f"{prefix}{f.name}.", policy)
-            elif t is typing.Any:  # the policy and router groups: every registered one's knobs
+            elif t is typing.Any and f.name in ("policy", "router"):  # every registered one's knobs
                 for name, cls in sorted((load_routers() if f.name == "router" else load_policies()).items()):
                     yield from walk(cls.Knobs, f"{prefix}{f.name}.", f"{f.name}={name}")
             else:
-                item = typing.get_args(t)[0] if typing.get_origin(t) is list else t
+                item = typing.get_args(t)[0] if typing.get_origin(t) is list else t  # Any: a path or a list
                 if item in (int, float):
                     iv = bounds_of(f)
                     bad = None if iv is None else next(
