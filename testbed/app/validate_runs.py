@@ -73,6 +73,7 @@ def run_config(cfg: DictConfig, run: RealRun, values: dict[str, float] | None = 
         c.scheduler.max_model_len = run.max_model_len
         c.kv.memory_utilization = run.gpu_memory_utilization
         c.backend.async_scheduling = run.async_scheduling
+        c.cost_model.fallback = None  # a validation scores the cost model it was given, never a stand-in
         c.model.config_json = str(run.model_config)
         c.output.progress = False
         # an overloaded stage's queue would take (simulated) hours to drain: stop the clock
