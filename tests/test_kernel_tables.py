@@ -146,6 +146,7 @@ def test_the_main_command_says_it_ran_the_validated_configuration(tmp_path):
     (["frontend=none"], ["frontend=none"]),
     (["cost_model.kernel_scale=1.2"], ["cost_model.kernel_scale=1.2 (shipped: 1.006)"]),
     (["backend.async_scheduling=false"], ["async scheduling off"]),
+    (["spec_decode.method=ngram"], ["async scheduling off (vLLM's default with ngram or draft-model speculative decoding)"]),
     (["cost_model=roofline"], ["cost_model=roofline"]),
     (["hardware=a100"], ["kernel tables of a100_sxm (the validation runs are on H100: h100_sxm)"]),
 ])
@@ -216,9 +217,18 @@ def test_disaggregation_runs_at_the_default_and_records_async_off(tmp_path):
     from testbed.app.run import simulate
 
     s = simulate(config("disagg.enabled=true", "trace.max_requests=20", f"output.dir={tmp_path}")).summary
-    assert s["async_scheduling"] is False and "async scheduling off" in s["differs_from_validated"]
+    assert s["async_scheduling"] is False
+    assert "async scheduling off (not modelled with disaggregated pools)" in s["differs_from_validated"]
     with pytest.raises(ValueError, match="async_scheduling=true: not modelled with disagg"):
         simulate(config("disagg.enabled=true", "backend.async_scheduling=true", "trace.max_requests=5"))
+
+
+def test_the_disaggregation_search_compares_layouts_without_async_scheduling_alike():
+    from testbed.app.disagg_search import layout_config
+    from testbed.app.run import async_scheduling
+
+    for prefill, decode in ((0, 4), (1, 3)):
+        assert async_scheduling(layout_config(config(), prefill, decode, 1.0)) is False
 
 
 # ---------------------------------------------------------------- the other backends keep working

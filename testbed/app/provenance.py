@@ -83,7 +83,11 @@ def differences(cfg: DictConfig, cost_name: str, data: Optional[dict], async_sch
         shipped = _preset("frontend", "vllm_api")
         out += [f"frontend.{k}={frontend.get(k)} (shipped: {v})" for k, v in shipped.items() if frontend.get(k) != v]
     if not async_scheduling:
-        out.append("async scheduling off")
+        auto = cfg.backend.get("async_scheduling") is None  # off by vLLM's own rule, or not modelled
+        why = (" (vLLM's default with ngram or draft-model speculative decoding)" if auto and
+               (cfg.get("spec_decode") or {}).get("method", "none") != "none" else
+               " (not modelled with disaggregated pools)" if auto and (cfg.get("disagg") or {}).get("enabled") else "")
+        out.append("async scheduling off" + why)
     return out
 
 

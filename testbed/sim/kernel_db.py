@@ -600,6 +600,10 @@ if __name__ == "__main__":
     import sys
 
     fw = sys.argv[1] if len(sys.argv) > 1 else "vllm"
-    print(f"| GPU | gemm | attention | moe | all-reduce |  ({fw})\n| --- | --- | --- | --- | --- |")
-    for gpu, row in versions_table(fw):
+    try:
+        where = package_data_dir()
+    except ImportError:  # without the package: the tables shipped inside this one
+        where = SHIPPED_DIR
+    print(f"| GPU | gemm | attention | moe | all-reduce |  ({fw}, {where})\n| --- | --- | --- | --- | --- |")
+    for gpu, row in versions_table(fw, where):
         print(f"| {gpu} | " + " | ".join(row.values()) + " |")
