@@ -119,6 +119,7 @@ def test_the_tables_are_read_from_data_dir_then_shipped_then_the_package(tmp_pat
 def test_other_gpus_and_versions_come_from_the_package():
     assert find_tables("rtx_pro_6000_server", "vllm").kind == "installed"
     assert find_tables("h100_sxm", "vllm", "0.24.0").kind == "installed"
+    assert KernelDB("h100_sxm", "vllm", kernel_sources={"gemm": "sglang_torch_linear"}).source.kind == "installed"
 
 
 # ---------------------------------------------------------------- the default configuration

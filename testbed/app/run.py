@@ -349,6 +349,7 @@ def async_scheduling(cfg: DictConfig) -> bool:
         return False
     return (cfg.get("spec_decode") or {}).get("method", "none") == "none"
 
+
 def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, t0: float,
            clock: ClientClock | None = None) -> RunResult:
     """The per-request table and the summary of a replay, whichever backend ran it. `clock` turns

@@ -105,11 +105,6 @@ class TableSource:
     kind: str
     package: Optional[str]
 
-    def describe(self) -> str:
-        if self.kind == "data_dir":
-            return f"tables from {self.root}"
-        return f"{self.package} tables " + ("shipped with the testbed" if self.kind == "shipped" else "(installed)")
-
 
 @functools.lru_cache(maxsize=None)
 def shipped_manifest() -> dict:
@@ -135,11 +130,12 @@ def installed_version() -> Optional[str]:
 
 
 def find_tables(gpu: str, framework: str, version: Optional[str] = None,
-                data_dir: Optional[str | Path] = None) -> TableSource:
-    """The folder to read `gpu`'s `framework` tables from (the order: this module's docstring)."""
+                data_dir: Optional[str | Path] = None, own_sources: bool = False) -> TableSource:
+    """The folder to read `gpu`'s `framework` tables from (the order: this module's docstring).
+    `own_sources`: kernel sources other than FRAMEWORKS' are asked for, which only the package's tables hold."""
     if data_dir is not None:
         return TableSource(Path(data_dir), "data_dir", None)
-    if version is None and gpu in shipped_gpus(framework):
+    if version is None and not own_sources and gpu in shipped_gpus(framework):
         return TableSource(SHIPPED_DIR, "shipped", f"{PACKAGE} {shipped_manifest()['version']}")
     try:
         root = package_data_dir()
@@ -304,7 +300,7 @@ class KernelDB:
 
     def __init__(self, gpu: str, framework: str = "vllm", version: Optional[str] = None,
                  data_dir: Optional[str | Path] = None, kernel_sources: Optional[dict] = None):
-        self.source = find_tables(gpu, framework, version, data_dir)
+        self.source = find_tables(gpu, framework, version, data_dir, own_sources=bool(kernel_sources))
         root = self.source.root
         if not root.is_dir():
             raise KernelDBError(f"kernel database folder {root} does not exist")
