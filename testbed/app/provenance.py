@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 PROVENANCE_KEYS = ("cost_model_data", "cost_model_fallback", "async_scheduling", "tensor_parallel_size",
                    "pipeline_parallel_size", "validated_configuration", "differs_from_validated",
                    "decode_cost_model_data", "decode_cost_model_fallback")  # the last two: disaggregated pools
-VALIDATED = dict(cost_model="kernels", framework="vllm", gpu="h100_sxm", frontend="vllm_api", async_scheduling=True)
+# (and the values of conf/cost_model/kernels.yaml and conf/frontend/vllm_api.yaml, framework vllm among them)
+VALIDATED = dict(cost_model="kernels", gpu="h100_sxm", frontend="vllm_api", async_scheduling=True)
 
 
 def cost_model_data(cost: Any) -> Optional[dict]:
@@ -82,7 +83,7 @@ def differences(cfg: DictConfig, cost_name: str, data: Optional[dict], async_sch
     else:
         shipped = _preset("frontend", "vllm_api")
         out += [f"frontend.{k}={frontend.get(k)} (shipped: {v})" for k, v in shipped.items() if frontend.get(k) != v]
-    if not async_scheduling:
+    if async_scheduling != VALIDATED["async_scheduling"]:
         auto = cfg.backend.get("async_scheduling") is None  # off by vLLM's own rule, or not modelled
         why = (" (vLLM's default with ngram or draft-model speculative decoding)" if auto and
                (cfg.get("spec_decode") or {}).get("method", "none") != "none" else
