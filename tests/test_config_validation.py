@@ -160,7 +160,7 @@ def sim_only_settings() -> list[tuple[str, object]]:
     from testbed.app.config import BackendConfig
 
     other = {int: 4, bool: False}
-    return [(f"backend.{f.name}", other[type(f.default)] if f.default is not False else True)
+    return [(f"backend.{f.name}", True if f.default is False or f.default is None else other[type(f.default)])
             for f in dataclasses.fields(BackendConfig) if "sim_only" in f.metadata]
 
 

@@ -23,7 +23,8 @@ from testbed.routers.round_robin import RoundRobin
 
 def config(*overrides):
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=["output.progress=false", *overrides])
+        # no front end: the handoff's times are the engine's (a front end adds its delays on top: test_frontend.py)
+        return compose("config", overrides=["output.progress=false", "frontend=none", *overrides])
 
 
 DISAGG = ["disagg.enabled=true", "disagg.prefill.replicas=2", "disagg.decode.replicas=2"]

@@ -81,7 +81,7 @@ def test_no_front_end_makes_client_and_engine_figures_equal():
     from testbed.app.results import format_table
     from testbed.app.run import simulate
 
-    r = simulate(config("trace.max_requests=300", "trace.rate_scale=4", "output.progress=false"))
+    r = simulate(config("frontend=none", "trace.max_requests=300", "trace.rate_scale=4", "output.progress=false"))
     assert "engine" not in format_table(r.summary)
     for col in ("queue_ms", "ttft_ms", "tpot_ms", "e2el_ms"):
         assert r.requests[col].equals(r.requests[f"engine_{col}"]), col

@@ -137,9 +137,9 @@ def test_config_json_through_the_config(tmp_path):
     folder = write_config(tmp_path / "tiny-moe", QWEN_MOE)
     cfg = config(f"model.config_json={folder}", "trace.max_requests=50", "kv.num_blocks=512")
     setup = prepare(cfg)
-    assert setup.model.name == "tiny-moe" and setup.model.num_experts == 6  # not the preset's llama3-8b
+    assert setup.model.name == "tiny-moe" and setup.model.num_experts == 6  # not the preset's llama3.1-8b
     assert setup.model.num_params == ModelSpec.from_hf_config(folder).num_params
-    assert resolve_model_spec(cfg.model, keep_name=True).name == "llama3-8b"
+    assert resolve_model_spec(cfg.model, keep_name=True).name == "llama3.1-8b"
     assert simulate(cfg).summary["model"] == "tiny-moe"
 
 
@@ -304,7 +304,8 @@ def test_main_command_style(tmp_path, args, model):
     proc = run_cli(args + ["trace.max_requests=300", f"output.dir={tmp_path}/run"], cwd=tmp_path)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["model"] == model and summary["completed"] == 300
-    assert f"({model}, h100-sxm, roofline)" in proc.stdout
+    assert f"({model}, h100-sxm, kernels)" in proc.stdout
+    assert f"validated configuration: {model} on h100-sxm, TP {args[1][-1]}, cost_model=kernels" in proc.stdout
 
 
 def test_engine_and_vllm_backends_refuse_several_gpus():

@@ -6,7 +6,6 @@ bf16 one, so fp8 holds floor(2 free / B) = 2 floor(free / B) or that plus one bl
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
@@ -21,8 +20,6 @@ from testbed.core.cost import BatchShape
 from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec, kv_capacity_blocks
 from testbed.sim.roofline import RooflineCostModel
 
-HAS_DB = importlib.util.find_spec("aiconfigurator_core") is not None
-needs_db = pytest.mark.skipif(not HAS_DB, reason="aiconfigurator-core (the measured kernel tables) is not installed")
 
 
 def config(*overrides):
@@ -117,8 +114,6 @@ def test_roofline_fp8_prefill_is_faster_on_h100_but_not_on_a100():
 # ---------------------------------------------------------------- kernel tables
 @pytest.fixture(scope="module")
 def db():
-    if not HAS_DB:
-        pytest.skip("aiconfigurator-core (the measured kernel tables) is not installed")
     from testbed.sim.kernel_db import KernelDB
 
     return KernelDB("h100_sxm", "vllm")
@@ -130,7 +125,6 @@ def kernels(db, hw="h100", **kw):
     return KernelCostModel(model(**kw), hardware(hw), ParallelSpec(), db, max_tokens=8192)
 
 
-@needs_db
 def test_kernel_decode_falls_with_fp8_kv_and_quantised_weights(db):
     bf16, fp8_kv = kernels(db), kernels(db, kv_cache_dtype="fp8")
     assert fp8_kv.step_time(decode(64, 8192)) < bf16.step_time(decode(64, 8192))
@@ -141,12 +135,10 @@ def test_kernel_decode_falls_with_fp8_kv_and_quantised_weights(db):
     assert db.sources_used["gemm fp8"] == "CutlassFP8ScaledMMLinearKernel"
 
 
-@needs_db
 def test_kernel_fp8_prefill_reads_the_fp8_gemm_rows(db):
     assert kernels(db, weight_dtype="fp8").step_time(prefill(8192)) < 0.85 * kernels(db).step_time(prefill(8192))
 
 
-@needs_db
 def test_kernel_weight_only_gemm_saves_bytes_at_small_m_only(db):
     n, k, bf16 = 14336, 4096, db.gemm_over_m(14336, 4096, [1.0, 8192.0])
     wo = db.weight_only_gemm_over_m(n, k, [1.0, 8192.0], 133 / 256, 769e12, 2.98e12)
@@ -154,7 +146,6 @@ def test_kernel_weight_only_gemm_saves_bytes_at_small_m_only(db):
     assert wo[1] == pytest.approx(bf16[1], rel=0.02)
 
 
-@needs_db
 def test_kernel_tables_without_fp8_kv_rows_fail_naming_gpu_framework_op_and_dtype():
     from testbed.sim.kernel_cost import KernelCostModel
     from testbed.sim.kernel_db import KernelDB, KernelDBError

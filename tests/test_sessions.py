@@ -61,8 +61,9 @@ def write(path, rows):
 
 def run(path, *overrides):
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        # frontend=none: closed-loop release is in the engine's times (run.closed_loop_sessions refuses a front end)
         cfg = compose("config", overrides=["trace=qwen_bailian", f"trace.path={path}", "output.progress=false",
-                                           *overrides])
+                                           "frontend=none", *overrides])
     return simulate(cfg)
 
 

@@ -121,7 +121,7 @@ def test_validate_fits_known_overheads_and_scores_a_model_it_did_not_see(tmp_pat
     specs = [("r-small", "org/Small-1b", SMALL), ("r-smaller", "org/Smaller-1b", SMALLER)]
     for name, mid, mc in specs:
         write_run(tmp_path, name, mid, mc, [(4.0, 20.0), (12.0, 10.0)])
-    cfg = config(f"validate.runs={tmp_path}", f"output.dir={tmp_path / 'out'}", "validate.jobs=1",
+    cfg = config("cost_model=roofline", f"validate.runs={tmp_path}", f"output.dir={tmp_path / 'out'}", "validate.jobs=1",
                  "validate.stage_gap_s=20", "validate.drain_s=60",
                  "validate.fit=[hardware.step_overhead_s]", "hardware.step_overhead_s=0.001")
     for (name, mid, mc), run in zip(specs, load_runs(tmp_path)):

@@ -1,5 +1,5 @@
 """The wheel built from the repository carries everything a non-editable install needs: every
-config group, every shipped profile, the bundled traces and the policy guide. (`.ci/run`
+config group, every shipped profile, the shipped kernel tables, the bundled traces and the policy guide. (`.ci/run`
 also installs that wheel into a fresh environment and runs the main command from a
 temporary directory.)"""
 from __future__ import annotations
@@ -22,6 +22,9 @@ def test_wheel_ships_config_groups_profiles_and_traces(tmp_path):
     needed += list((ROOT / "testbed" / "profiles").glob("*.csv"))
     needed += [p for p in (ROOT / "testbed" / "traces" / "data").rglob("*") if p.is_file()]
     needed += [ROOT / "testbed" / "policies" / "README.md"]
+    kernel_data = [p for p in (ROOT / "testbed" / "sim" / "kernel_data").rglob("*") if p.is_file()]
+    assert len(kernel_data) > 30  # the default cost model's tables, their manifest, NOTICE and licence
+    needed += kernel_data
     groups = {p.parent.name for p in (ROOT / "testbed" / "conf").rglob("*.yaml")}
     assert {"policy", "trace", "model", "hardware", "slo", "backend", "cost_model", "logger", "experiment", "frontend"} <= groups
     assert len(needed) > 40

@@ -33,7 +33,7 @@ def time_simulation(overrides: list[str]) -> dict:
     engine_requests, _ = run.to_engine_queue(setup.requests, setup.frontend)
     sim = simulation.Simulation(engine_requests, lambda: setup.make_loop(cfg), setup.cost, cfg.backend.replicas,
                                 run.build_router(cfg), cfg.backend.horizon_s, cfg.backend.fast_forward, None,
-                                cfg.backend.async_scheduling, None)
+                                run.async_scheduling(cfg), None)
     with run.gc_paused():
         t0, c0 = time.perf_counter(), time.process_time()
         outcome = sim.run(None)

@@ -64,13 +64,17 @@ def _run_and_write(cfg: DictConfig) -> tuple[dict, int | None]:
 
         log_to_wandb(cfg, result, out)
     if cfg.output.print_table:
-        where = (f"{cfg.hardware.name}, {cfg.cost_model.name}" if cfg.backend.name == "sim"
+        where = (f"{cfg.hardware.name}, {result.summary.get('cost_model', cfg.cost_model.name)}" if cfg.backend.name == "sim"
                  else f"vLLM {result.summary.get('vllm_version')} ({cfg.backend.scheduler} scheduler) on "
                       f"{result.summary.get('device')}" if cfg.backend.name == "vllm"
                  else f"engine on {result.summary.get('device')}")
         title = f"{cfg.policy.name} on {cfg.trace.name} ({result.summary.get('model', cfg.model.name)}, {where})"
         overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
         print(f"\n{title}" + (f"  [{' '.join(overrides)}]" if overrides else ""))
+        if cfg.backend.name == "sim":  # a prediction: which configuration made it, and is it the validated one
+            from testbed.app.provenance import line
+
+            print(line(result.summary))
         print(format_table(result.summary))
         what = {"sim": "simulated", "vllm": "replayed on vLLM"}.get(cfg.backend.name, "replayed on the engine")
         print(f"results: {out}  ({what} in {result.wall_s:.2f} s wall)")

@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from testbed.app.provenance import provenance
 from testbed.app.frontend import to_engine_queue
 from testbed.app.metrics import request_table, summarize, take_itl_ms
 from testbed.core.request import Request, RequestState, Status
@@ -70,7 +71,8 @@ def check_disagg(cfg: DictConfig) -> None:
         raise ValueError(f"backend.replicas={cfg.backend.replicas}: with disagg.enabled=true the pools' sizes are "
                          "disagg.prefill.replicas and disagg.decode.replicas; leave backend.replicas at 1")
     if cfg.backend.async_scheduling:
-        raise ValueError("backend.async_scheduling=true: not modelled with disagg.enabled=true; set it false")
+        raise ValueError("backend.async_scheduling=true: not modelled with disagg.enabled=true; leave it at null "
+                         "(vLLM's default; the pools then run without it, and the summary says so) or set it false")
     if cfg.kv.get("offload_gb"):
         raise ValueError(f"kv.offload_gb={cfg.kv.offload_gb}: the host KV tier is not modelled with "
                          "disagg.enabled=true; set 0")
@@ -172,6 +174,13 @@ def disagg_results(cfg: DictConfig, cfgs: dict, setups: dict, outcome: DisaggOut
                    frontend=setups["prefill"].frontend.name if clock is not None else "none",
                    router=cfg.router.name if cfg.get("router") is not None else "round_robin")
     summary.update(setups["prefill"].trace_notes)
+    summary.update(provenance(cfgs["prefill"], setups["prefill"].cost, "sim", False,
+                              setups["prefill"].cost_notes.get("cost_model_fallback")))
+    decode = provenance(cfgs["decode"], setups["decode"].cost, "sim", False,
+                        setups["decode"].cost_notes.get("cost_model_fallback"))
+    for key in ("cost_model_data", "cost_model_fallback"):  # a decode pool on other hardware reads other tables
+        if decode.get(key) != summary.get(key):
+            summary[f"decode_{key}"] = decode.get(key)
     summary.update(disagg_summary(cfg, cfgs, setups, outcome, table, link, per_token))
     if setups["decode"].drafter is not None:
         from testbed.app.run import spec_summary

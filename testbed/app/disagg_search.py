@@ -46,6 +46,8 @@ def layout_config(cfg: DictConfig, prefill: int, decode: int, scale: float) -> D
     job.trace.rate_scale = float(scale)
     job.output.progress = False
     job.disagg.enabled = prefill > 0
+    if job.backend.get("async_scheduling") is None:  # the pools run without it (not modelled): so does the
+        job.backend.async_scheduling = False  # co-located layout, and the layouts alone differ
     if prefill:
         job.backend.replicas = 1
         job.disagg.prefill.replicas, job.disagg.decode.replicas = prefill, decode

@@ -50,6 +50,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from testbed.app.cli import CONF_DIR
 from testbed.core.cost import BatchShape
+from testbed.app.frontend import without_frontend
 from testbed.app.run import RunResult, finish, prepare, resolve_model_spec, run_info, simulate
 from testbed.app.validate import check_config
 
@@ -239,6 +240,7 @@ def run_fidelity(cfg: DictConfig, out_dir: str | Path | None = None) -> Fidelity
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         cfg = _with(cfg, output__dir=str(out))
+    cfg = without_frontend(cfg, "testbed-fidelity")
     vllm = cfg.backend.name == "vllm"
     if vllm and (problems := vllm_problems(cfg)):
         raise ValueError("testbed-fidelity backend=vllm: " + "; ".join(problems))
@@ -264,7 +266,9 @@ def run_fidelity(cfg: DictConfig, out_dir: str | Path | None = None) -> Fidelity
     sim_kv = {"kv__num_blocks": s0["kv_blocks"]}
     if vllm:  # vLLM's own block size
         sim_kv.update(kv__block_size=s0["block_size"])
-    sim_cfg = _with(cfg, backend__name="sim", backend__replicas=1, backend__scheduler="native", **sim_kv)
+    # the real side plans each step after the last one's outputs (our engine; vLLM as the backend runs it): so does the simulation
+    sim_cfg = _with(cfg, backend__name="sim", backend__replicas=1, backend__scheduler="native",
+                    backend__async_scheduling=False, **sim_kv)
     sim = simulate(sim_cfg)
     cost = prepare(sim_cfg).cost
     table = compare_repeats([r.summary for r in reals], sim.summary)
@@ -404,6 +408,7 @@ def write(res: FidelityResult, cfg: DictConfig, out: Path) -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
+    cfg = without_frontend(cfg, "testbed-fidelity")
     if cfg.backend.name == "vllm":  # the real run is vLLM's
         check_config(cfg)
     else:

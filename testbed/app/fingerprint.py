@@ -5,7 +5,9 @@ configurations, `experiments/benchmarks/bit_identity.py` on the large ones).
 What is hashed is what a researcher reads: the summary, the per-request table and the per-step
 table, every float by its exact bits. Left out, because they measure the simulator's own work and
 not the simulated system: the summary's `num_events` (the SimPy events the run took, which event
-cutting changes on purpose). The per-step table is compared in its coalesced form: a run of plain
+cutting changes on purpose); and the provenance keys (`testbed.app.provenance`: which cost model,
+tables and features produced the numbers), which the configuration fixes and which were added after
+the references were recorded. The per-step table is compared in its coalesced form: a run of plain
 decode steps is one row with `steps` > 1 when the simulator fast-forwarded it and several rows when
 it planned each step, and both say the same thing; consecutive all-decode rows of one replica with the
 same batch (running, waiting, decode tokens, no preemption, back to back) are merged into one row
@@ -21,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-NOT_RESULTS = ("num_events",)
+from testbed.app.provenance import PROVENANCE_KEYS
+
+NOT_RESULTS = ("num_events", *PROVENANCE_KEYS)
 
 
 def summary_hash(summary: dict) -> str:
@@ -91,9 +95,28 @@ def identity_configs(workdir, max_requests: int | None = None) -> dict[str, list
                        "disagg.prefill.replicas=2", "disagg.decode.replicas=2", "trace.rate_scale=4"],
         "spec_decode_draft": ["spec_decode.method=draft", "spec_decode.acceptance_rate=0.7"],
         "async_scheduling_2x": ["backend.async_scheduling=true", "trace.rate_scale=2"],
-        "kernels_70b_tp4": ["cost_model=kernels", "model=llama3_1_70b", "parallel.tensor_parallel_size=4"],
+        "kernels_70b_tp4": ["cost_model=kernels", "model=llama3_1_70b", "parallel.tensor_parallel_size=4",
+                            *KERNELS_AS_RECORDED],
     })
-    return {name: [*overrides, *cut] for name, overrides in configs.items()}
+    return {name: [*_pinned(overrides), *cut] for name, overrides in configs.items()}
+
+
+# The references were recorded under the defaults of their time: the roofline, Llama-3-8B, no front end, no async
+# scheduling. The defaults have since become the validated configuration (conf/config.yaml); each configuration
+# names the old ones it does not set itself, so its reference stays what it checks. kernels_70b_tp4 likewise names
+# the kernel model's overhead values it was recorded with (cost_model/kernels.yaml is refitted from time to time).
+OLD_DEFAULTS = {"model": "llama3_8b", "cost_model": "roofline", "frontend": "none", "backend.async_scheduling": "false"}
+KERNELS_AS_RECORDED = ["cost_model.kernel_scale=1.006", "cost_model.step_overhead_s=0.0",
+                       "cost_model.layer_overhead_s=2e-06", "cost_model.seq_overhead_s=2e-06",
+                       "cost_model.allreduce_overhead_s=9.5e-06",
+                       # recorded before the sampler and host-work terms (testbed/sim/sampler_cost.py, issue 23)
+                       "cost_model.sampler=false", "cost_model.host_step_s=0", "cost_model.host_seq_s=0"]
+
+
+def _pinned(overrides: list[str]) -> list[str]:
+    """`overrides` after the old defaults it does not set itself."""
+    own = {o.split("=", 1)[0] for o in overrides}
+    return [f"{k}={v}" for k, v in OLD_DEFAULTS.items() if k not in own] + overrides
 
 
 def write_session_trace(path: Path, sessions: int = 400, turns: int = 4, seed: int = 0) -> Path:

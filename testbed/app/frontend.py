@@ -91,3 +91,25 @@ def to_engine_queue(requests: Sequence[Request], frontend: FrontendConfig) -> tu
     shifted = [replace(r, arrival=r.arrival + frontend.queue_delay_s(r)) for r in requests]
     shifted.sort(key=lambda r: r.arrival)  # stable: equal engine arrivals keep the trace's order
     return shifted, clock
+
+
+def without_frontend(cfg, tool: str):
+    """`cfg` with no HTTP front end, for the tools whose real side is our engine or vLLM (`testbed-profile`,
+    `testbed-fidelity`, `testbed-referee`): those hand requests to the engine directly, and the simulation
+    they compare with must not add a front end the real side lacks. The frontend group's default
+    (`vllm_api`, the simulator's: conf/config.yaml) gives way to `none`; a front end chosen on the command
+    line is refused, naming it. Backend groups engine and vllm choose `none` themselves (conf/backend/)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    node = cfg.get("frontend")
+    if node is None or node.get("name", "none") == "none":
+        return cfg
+    if HydraConfig.initialized() and any(o.lstrip("+~").startswith("frontend") for o in HydraConfig.get().overrides.task):
+        raise ValueError(f"frontend={node.name}: {tool} compares the simulator with the engine or vLLM, which have no HTTP "
+                         f"front end ({_WHY_SIM_ONLY}); leave the frontend group out, or set frontend=none")
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        for key, value in vars(FrontendConfig()).items():
+            cfg.frontend[key] = value
+    return cfg

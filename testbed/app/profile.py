@@ -22,6 +22,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from testbed.app.cli import CONF_DIR
+from testbed.app.frontend import without_frontend
 from testbed.app.plugins import make_policy
 from testbed.app.validate import check_config
 from testbed.core.cost import BatchShape
@@ -121,6 +122,7 @@ def run_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
 def main(cfg: DictConfig) -> str:
     from testbed.sim.fitted_cost import ProfileCostModel, read_profile
 
+    cfg = without_frontend(cfg, "testbed-profile")  # it measures steps: no HTTP front end on either backend
     if cfg.backend.name == "vllm":  # real vLLM: step records of a calibration replay (app/vllm_profile.py)
         from testbed.app.vllm_profile import run_vllm_profile
 

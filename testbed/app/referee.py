@@ -35,6 +35,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from testbed.app.cli import CONF_DIR
+from testbed.app.frontend import without_frontend
 from testbed.app.plugins import make_policy
 from testbed.app.validate import check_config
 from testbed.core.kv import BlockManager
@@ -255,7 +256,7 @@ def run_referee(cfg: DictConfig, out: str | Path, command: str = "") -> dict:
     if cfg.policy.name != "vllm":
         raise ValueError(f"policy={cfg.policy.name}: the referee checks the testbed's `vllm` policy against vLLM's "
                          "own scheduler; run it with policy=vllm (its knobs configure both sides)")
-    cfg = cfg.copy()
+    cfg = without_frontend(cfg, "testbed-referee").copy()
     with open_dict(cfg):
         cfg.backend.name, cfg.backend.scheduler = "vllm", "native"
     got = {}
@@ -283,6 +284,7 @@ def run_referee(cfg: DictConfig, out: str | Path, command: str = "") -> dict:
 def main(cfg: DictConfig) -> dict:
     import sys
 
+    cfg = without_frontend(cfg, "testbed-referee")
     check_config(cfg, backend="vllm")
     command = "testbed-referee " + " ".join(a for a in sys.argv[1:] if not a.startswith("hydra."))
     rep = run_referee(cfg, cfg.output.dir, command)

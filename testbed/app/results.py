@@ -115,6 +115,10 @@ def format_table(summary: dict) -> str:
                          f"{summary['rejected']} rejected + {summary['unfinished']} unfinished")]
     if summary["reject_reasons"]:
         rows.append(("rejected by reason", ", ".join(f"{k}: {v}" for k, v in summary["reject_reasons"].items())))
+    if "cost_model" in summary and summary.get("backend") == "sim":  # (a real backend's cost model only predicts)
+        from testbed.app.provenance import table_row
+
+        rows.append(table_row(summary))
     rows.append(("duration", f"{summary['duration_s']:.1f} s"))
     rows.append(("throughput", f"{summary['request_throughput']:.2f} req/s, {summary['output_throughput']:.0f} out tok/s, "
                                f"{summary['total_token_throughput']:.0f} tok/s"))

@@ -31,6 +31,7 @@ from testbed.core.spec_decode import Drafter, DraftStats
 from testbed.app.frontend import ClientClock, FrontendConfig, to_engine_queue
 from testbed.app.metrics import SLO, request_table, summarize, take_itl_ms
 from testbed.app.plugins import make_policy, make_router
+from testbed.app.provenance import provenance
 from testbed.core.request import Request
 from testbed.app.results import steps_frame
 from testbed.sim.sessions import SESSION_REPLAYS, ClosedLoopSessions
@@ -166,14 +167,15 @@ def _nothing_to_simulate(tc: DictConfig, load: traces.TraceLoad | None) -> str:
     return f"nothing to simulate: {keys} selects none of the {len(reqs)} requests of {where}{span}"
 
 
-def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
-    """The cost model of cost_model.name, with speculative decoding's drafting when spec_decode is on."""
+def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec, notes: dict | None = None) -> CostModel:
+    """The cost model of cost_model.name, with speculative decoding's drafting when spec_decode is on.
+    `notes` (when given) receives `cost_model_fallback` when the roofline stood in for the kernel model."""
     from testbed.app.spec_decode import with_spec_decode
 
-    return with_spec_decode(_target_cost_model(cfg, model, hw), cfg, model, hw)
+    return with_spec_decode(_target_cost_model(cfg, model, hw, notes), cfg, model, hw)
 
 
-def _target_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
+def _target_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec, notes: dict | None = None) -> CostModel:
     name = cfg.cost_model.name
     if name == "roofline":
         return RooflineCostModel(model, hw, block_size=cfg.kv.block_size, parallel=parallel_spec(cfg))
@@ -197,20 +199,37 @@ def _target_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> C
                           f"cache only, the step times stay single-GPU", stacklevel=2)
         return with_host_link(cost, cfg, model, hw)
     if name == "kernels":
-        return build_kernel_cost_model(cfg, model, hw)
+        from testbed.sim.kernel_db import KernelDBError
+
+        try:
+            return build_kernel_cost_model(cfg, model, hw)
+        except (KernelDBError, ImportError) as e:
+            fallback = cfg.cost_model.get("fallback")
+            if fallback is None:
+                raise
+            if fallback != "roofline":
+                raise ValueError(f"cost_model.fallback={fallback!r}: expected roofline or null") from None
+            log.warning("cost_model=kernels cannot price this run (%s): the roofline stands in for it, and the summary "
+                        "says so (cost_model.fallback=null makes this an error)", e)
+            if notes is not None:
+                notes["cost_model_fallback"] = str(e)
+            return RooflineCostModel(model, hw, block_size=cfg.kv.block_size, parallel=parallel_spec(cfg))
     raise ValueError(f"cost_model.name={name!r}: expected one of ['roofline', 'profile', 'kernels']")
 
 
 def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
-    """The measured-kernel cost model for hardware.kernel_db_gpu (aiconfigurator-core, imported lazily)."""
+    """The measured-kernel cost model for hardware.kernel_db_gpu (its tables: testbed.sim.kernel_db.find_tables).
+    A run the tables cannot price raises KernelDBError (ImportError: no tables for the GPU without the
+    `kernels` extra); `_target_cost_model` then falls back to the roofline when cost_model.fallback says so."""
     from testbed.sim.kernel_cost import KernelCostModel
     from testbed.sim.sampler_cost import SamplerCost
+    from testbed.sim.kernel_db import KernelDB, KernelDBError
 
     cc = cfg.cost_model
     if not hw.kernel_db_gpu:
-        raise ValueError(f"hardware.kernel_db_gpu is not set for {hw.name}: cost_model=kernels needs the GPU's name in "
-                         f"the measured kernel database (e.g. hardware.kernel_db_gpu=h100_sxm; "
-                         f"`python -m testbed.sim.kernel_db` lists them)")
+        raise KernelDBError(f"hardware.kernel_db_gpu is not set for {hw.name}: cost_model=kernels needs the GPU's name "
+                            f"in the measured kernel database (e.g. hardware.kernel_db_gpu=h100_sxm; "
+                            f"`python -m testbed.sim.kernel_db` lists them)")
     parallel = parallel_spec(cfg)
     db = shared_kernel_db(hw.kernel_db_gpu, cc.framework, cc.framework_version, cc.data_dir)
     sc = cfg.scheduler
@@ -225,7 +244,7 @@ def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec)
                            kernel_scale=cc.kernel_scale, block_size=cfg.kv.block_size,
                            max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs), sampler=sampler,
                            host_step_s=cc.get("host_step_s", 0.0), host_seq_s=cc.get("host_seq_s", 0.0),
-                           async_scheduling=bool(cfg.backend.get("async_scheduling")))
+                           async_scheduling=async_scheduling(cfg))
 
 
 def sampling_params(cfg: DictConfig, model: ModelSpec) -> tuple[SamplingParams, str]:
@@ -315,6 +334,7 @@ class Setup:
     offload_blocks: int = 0  # the host KV tier behind the prefix cache (kv.offload_gb)
     drafter: Callable[[], Drafter] | None = None  # speculative decoding (spec_decode.method); None: off
     trace_notes: dict = field(default_factory=dict)  # summary keys of the trace's handling (trace_spread)
+    cost_notes: dict = field(default_factory=dict)  # cost_model_fallback, when the roofline stood in for kernels
 
     def make_loop(self, cfg: DictConfig, device_blocks: int | None = None) -> StepLoop:
         args = (device_blocks or self.device_blocks, cfg.kv.block_size, cfg.kv.enable_prefix_caching,
@@ -338,7 +358,8 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
     notes: dict = {}
     reqs, load_rejects = (requests, []) if requests is not None else build_requests(cfg.trace, cfg.seed, notes)
     drafter = drafter_factory(cfg)
-    cost = build_cost_model(cfg, model, hw)
+    cost_notes: dict = {}
+    cost = build_cost_model(cfg, model, hw, cost_notes)
     blocks = device_blocks if device_blocks is not None else device_kv_blocks(cfg, model, hw)
     host_blocks = int(cfg.kv.swap_space_gb * 1e9 // block_bytes_per_gpu(cfg, model))  # vLLM's swap_space: per GPU
     limits = SchedulerLimits(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs,
@@ -346,7 +367,20 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
     knobs = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
     make_policy(cfg.policy.name, **knobs)  # fail on bad knobs before anything runs
     return Setup(model, hw, slo, reqs, load_rejects, cost, blocks, host_blocks, limits, knobs, frontend,
-                 offload_kv_blocks(cfg, model), drafter, notes)
+                 offload_kv_blocks(cfg, model), drafter, notes, cost_notes)
+
+
+def async_scheduling(cfg: DictConfig) -> bool:
+    """backend.async_scheduling as the simulator runs it: true or false as set; null is vLLM's own default
+    (VllmConfig, vllm/config/vllm.py L589-622 of 0.15.1: on unless speculative decoding is not EAGLE/MTP, as
+    ngram and draft models are not), and off for the disaggregated pools, which do not model it."""
+    value = cfg.backend.get("async_scheduling")
+    if value is not None:
+        return bool(value)
+    if cfg.get("disagg") is not None and cfg.disagg.get("enabled"):
+        return False
+    return (cfg.get("spec_decode") or {}).get("method", "none") == "none"
+
 
 def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, t0: float,
            clock: ClientClock | None = None) -> RunResult:
@@ -370,6 +404,8 @@ def finish(cfg: DictConfig, setup: Setup, outcome: ReplayOutcome, backend: str, 
                    num_events=sum(len(l.series.duration) for l in loops),
                    frontend=setup.frontend.name if clock is not None else "none")
     summary.update(setup.trace_notes)
+    summary.update(provenance(cfg, setup.cost, backend, backend == "sim" and async_scheduling(cfg),
+                              setup.cost_notes.get("cost_model_fallback")))
     if len(loops) > 1:  # which router spread the arrivals, and how evenly
         routed = [len(l.states) for l in loops]
         summary.update(router=cfg.router.name if cfg.get("router") is not None else "round_robin",
@@ -438,7 +474,7 @@ def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: Mod
     with progress_bar(cfg, engine_requests) as progress:
         sim = Simulation(engine_requests, lambda: setup.make_loop(cfg), setup.cost, cfg.backend.replicas,
                          build_router(cfg), cfg.backend.horizon_s, cfg.backend.fast_forward, progress,
-                         cfg.backend.async_scheduling, sessions)
+                         async_scheduling(cfg), sessions)
         with gc_paused():
             t_run = time.perf_counter()
             outcome = sim.run(stop)

@@ -153,8 +153,8 @@ def dtype_problems(cfg: DictConfig, backend: str | None) -> list[str]:
 
 
 def _as_override(value: Any) -> str:
-    """A value as the command line writes it (true, not True)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    """A value as the command line writes it (true, not True; null, not None)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @cache

@@ -65,6 +65,7 @@ def run_config(cfg: DictConfig, run: RealRun, values: dict[str, float] | None = 
         c.scheduler.max_model_len = run.max_model_len
         c.kv.memory_utilization = run.gpu_memory_utilization
         c.backend.async_scheduling = run.async_scheduling
+        c.cost_model.fallback = None  # a validation scores the cost model it was given, never a stand-in
         c.model.config_json = str(run.model_config)
         c.model.hf_id = run.model_id  # whose generation_config.json decides the sampler (testbed.core.sampling)
         c.output.progress = False

@@ -68,7 +68,10 @@ def trace_label(cfg: DictConfig) -> str:
 
 
 def run_vllm_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
+    from testbed.app.frontend import without_frontend
     from testbed.app.vllm_run import replay_on_vllm
+
+    cfg = without_frontend(cfg, "testbed-profile")
     from testbed.engine.profile import write_profile
     from testbed.engine.profile_config import resolve
 

@@ -32,6 +32,15 @@ preferred kernel, else the newest whose rows come from one kernel source), vllm,
 | a100_pcie, a30, h100_pcie, l4 | - | - | - | - |
 
 (`python -m testbed.sim.kernel_db` prints the table for every GPU in the installed package.)
+
+Where the tables are read from (`find_tables`): `cost_model.data_dir` when set; else, for a GPU and
+framework whose tables ship inside this package (`testbed/sim/kernel_data/`: aiconfigurator-core
+0.12.0's vLLM tables of the hardware presets' GPUs, trimmed to the rows and columns read here;
+NOTICE.md says what and why) and no `framework_version` asked for, the shipped ones; else the
+installed aiconfigurator-core (the `kernels` extra). Shipped first, so that a preset's step times do
+not depend on whether, or which 0.12.x of, the optional package is installed; for the rows shipped
+the two give bit-identical step times (tests/test_kernel_tables.py), and `testbed.sim.kernel_export`
+regenerates the shipped files from the installed package.
 """
 from __future__ import annotations
 
@@ -45,6 +54,8 @@ import numpy as np
 
 INSTALL_HINT = ("cost_model=kernels needs measured kernel tables: pip install 'llm-sched-testbed[kernels]' "
                 "(aiconfigurator-core)")
+PACKAGE = "aiconfigurator-core"
+SHIPPED_DIR = Path(__file__).resolve().parent / "kernel_data"  # package data (pyproject: sim/kernel_data/**)
 
 # per framework: which measured kernel each op uses, in order of preference (the one the framework runs for
 # an unquantised bf16 model first); a table holding a single kernel source for the op uses that one
@@ -84,6 +95,56 @@ def package_data_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(INSTALL_HINT)
     return Path(list(spec.submodule_search_locations)[0]) / "systems" / "data"
+
+
+@dataclass(frozen=True)
+class TableSource:
+    """Where a KernelDB reads its tables: `kind` is data_dir, shipped or installed; `package` the
+    aiconfigurator-core release they come from (None for a data_dir of unknown origin)."""
+    root: Path
+    kind: str
+    package: Optional[str]
+
+
+@functools.lru_cache(maxsize=None)
+def shipped_manifest() -> dict:
+    """The shipped tables' manifest (written by testbed.sim.kernel_export): source release, GPUs, files."""
+    import json
+
+    path = SHIPPED_DIR / "manifest.json"
+    return json.loads(path.read_text()) if path.is_file() else {"gpus": {}}
+
+
+def shipped_gpus(framework: str = "vllm") -> list[str]:
+    m = shipped_manifest()
+    return sorted(g for g, fws in m["gpus"].items() if framework in fws)
+
+
+def installed_version() -> Optional[str]:
+    from importlib import metadata
+
+    try:
+        return metadata.version(PACKAGE)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def find_tables(gpu: str, framework: str, version: Optional[str] = None,
+                data_dir: Optional[str | Path] = None, own_sources: bool = False) -> TableSource:
+    """The folder to read `gpu`'s `framework` tables from (the order: this module's docstring).
+    `own_sources`: kernel sources other than FRAMEWORKS' are asked for, which only the package's tables hold."""
+    if data_dir is not None:
+        return TableSource(Path(data_dir), "data_dir", None)
+    if version is None and not own_sources and gpu in shipped_gpus(framework):
+        return TableSource(SHIPPED_DIR, "shipped", f"{PACKAGE} {shipped_manifest()['version']}")
+    try:
+        root = package_data_dir()
+    except ImportError:
+        shipped = ", ".join(shipped_gpus(framework)) or "none"
+        why = (f"framework_version={version!r} is not among the shipped tables" if version is not None and
+               gpu in shipped_gpus(framework) else f"the testbed ships {framework} tables for {shipped} only")
+        raise ImportError(f"{INSTALL_HINT}: {gpu} {framework}: {why}") from None
+    return TableSource(root, "installed", f"{PACKAGE} {installed_version()}")
 
 
 def _version_key(v: str) -> tuple:
@@ -239,7 +300,8 @@ class KernelDB:
 
     def __init__(self, gpu: str, framework: str = "vllm", version: Optional[str] = None,
                  data_dir: Optional[str | Path] = None, kernel_sources: Optional[dict] = None):
-        root = Path(data_dir) if data_dir is not None else package_data_dir()
+        self.source = find_tables(gpu, framework, version, data_dir, own_sources=bool(kernel_sources))
+        root = self.source.root
         if not root.is_dir():
             raise KernelDBError(f"kernel database folder {root} does not exist")
         gpus = sorted(p.name for p in root.iterdir() if p.is_dir())
@@ -252,6 +314,8 @@ class KernelDB:
                                                     for op, v in (kernel_sources or {}).items()}}
         self.versions: dict[str, str] = {}
         self.sources_used: dict[str, str] = {}
+        # key -> (file, columns, filters) of every table read (testbed.sim.kernel_export ships exactly these rows)
+        self.reads: dict[str, tuple[Path, list[str], list[tuple]]] = {}
 
     # ---------------------------------------------------------------- reading
     def _candidates(self, op: str) -> list[Path]:
@@ -264,13 +328,22 @@ class KernelDB:
             have = sorted(p.name for p in (self.root / self.gpu / folder).iterdir()
                           if p.is_dir()) if (self.root / self.gpu / folder).is_dir() else []
             raise KernelDBError(f"{self.gpu} has no {op} table for framework {self.framework!r} ({file}); "
-                                f"frameworks with {folder} tables there: {', '.join(have) or 'none'}")
+                                f"frameworks with {folder} tables there: {', '.join(have) or 'none'}"
+                                + self._why_not_shipped(op))
         if self.requested_version is None:
             return [fw_dir / v / file for v in present]
         if self.requested_version in present:
             return [fw_dir / self.requested_version / file]
         raise KernelDBError(f"{self.gpu} {self.framework} has no {op} table of version "
                             f"{self.requested_version!r}; versions: {', '.join(present)}")
+
+    def _why_not_shipped(self, op: str) -> str:
+        """Why the shipped tables lack an op: what the package they were cut from said (manifest.json)."""
+        if self.source.kind != "shipped":
+            return ""
+        gone = shipped_manifest()["gpus"][self.gpu][self.framework].get("unavailable", {})
+        why = next((v for k, v in gone.items() if k.startswith(op)), None)
+        return f" (shipped from {self.source.package}, where {why})" if why else ""
 
     def _source(self, op_source: str, dtype: str) -> str:
         """The preference list for an op's rows of `dtype` (its own when the framework names one)."""
@@ -313,7 +386,9 @@ class KernelDB:
         else:
             raise KernelDBError(f"{self.gpu} {self.framework} {op}: no usable table ({'; '.join(why)})")
         self.versions[key or op] = path.parent.name
-        return pd.read_parquet(path, columns=[c for c in columns if c in names] + ["latency"], filters=use or None)
+        cols = [c for c in columns if c in names] + ["latency"]
+        self.reads[key or op] = (path, cols, use)
+        return pd.read_parquet(path, columns=cols, filters=use or None)
 
     def _path(self, op: str) -> Path:
         """The newest table file of an op (its version recorded in `versions`)."""
@@ -429,8 +504,10 @@ class KernelDB:
         if not present:
             raise KernelDBError(f"{self.gpu} has neither a {self.framework} custom all-reduce table nor an NCCL one")
         self.versions["nccl"] = present[-1]
-        df = pd.read_parquet(nccl_dir / present[-1] / "nccl_perf.parquet", columns=["num_gpus", "message_size", "latency"],
-                             filters=[("op_name", "==", "all_reduce"), ("nccl_dtype", "==", "half")])
+        path, cols = nccl_dir / present[-1] / "nccl_perf.parquet", ["num_gpus", "message_size", "latency"]
+        use = [("op_name", "==", "all_reduce"), ("nccl_dtype", "==", "half")]
+        self.reads["nccl"] = (path, cols, use)
+        df = pd.read_parquet(path, columns=cols, filters=use)
         rows = df[df.num_gpus == num_gpus]
         if rows.empty:
             raise KernelDBError(f"all-reduce over {num_gpus} GPUs was not measured on {self.gpu}; "
@@ -519,6 +596,10 @@ if __name__ == "__main__":
     import sys
 
     fw = sys.argv[1] if len(sys.argv) > 1 else "vllm"
-    print(f"| GPU | gemm | attention | moe | all-reduce |  ({fw})\n| --- | --- | --- | --- | --- |")
-    for gpu, row in versions_table(fw):
+    try:
+        where = package_data_dir()
+    except ImportError:  # without the package: the tables shipped inside this one
+        where = SHIPPED_DIR
+    print(f"| GPU | gemm | attention | moe | all-reduce |  ({fw}, {where})\n| --- | --- | --- | --- | --- |")
+    for gpu, row in versions_table(fw, where):
         print(f"| {gpu} | " + " | ".join(row.values()) + " |")
