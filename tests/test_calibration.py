@@ -36,7 +36,7 @@ SMALL_GRID = dict(grid="quick", repeats=3, warmup=1, threads=1, retries=1, prefi
                   prefill_offsets=[0, 128], prefill_seqs=[2, 8], prefill_seq_chunks=[32, 128],
                   decode_batches=[1, 2, 4, 8, 16], decode_contexts=[32, 128, 256, 512],
                   mixed_chunks=[32, 128, 256], mixed_batches=[2, 8], mixed_contexts=[128],
-                  host_batches=[1, 4, 16, 64])
+                  host_batches=[1, 4, 16, 64], host_prompts=[32, 256])
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -69,18 +69,31 @@ def test_profile_file_has_its_header_and_grid(profiled):
     assert header["block_size"] == "16" and header["grid"] == "quick" and header["torch_threads"] == "1"
     assert header["torch"] == torch.__version__ and header["transformers"] == transformers.__version__
     assert header["date"].endswith("Z") and json.loads(header["grid_spec"])["decode_batches"] == [1, 2, 4, 8, 16]
+    # the machine and software it belongs to (testbed/engine/machine.py)
+    from testbed.engine.machine import cpu_model, cpus_usable
+
+    assert header["cpu_model"] == cpu_model() and header["cpus_usable"] == str(cpus_usable())
+    for key in ("cpu_count", "omp_num_threads", "python", "os", "testbed", "testbed_commit"):
+        assert header[key], key
     assert set(df.kind) == {"prefill", "decode", "mixed", "host"}
     assert list(df.columns[:1 + len(BatchShape.__dataclass_fields__)]) == ["kind", *BatchShape.__dataclass_fields__]
     engine = df[df.kind != "host"]
     assert (engine.seconds > 0).all() and (engine.prepare_s + engine.forward_s <= engine.seconds * 1.5).all()
     # the grid as asked: 4 chunks x 2 offsets + 2 x 2 multi-chunk, 5 x 4 decodes, 3 x 2 x 1 mixed, 4 host rows
+    # of decodes alone and 2 prompts x 2 (every 3rd host batch: 1 and 64) with a prompt admitted per step
     assert (df.kind == "prefill").sum() == 12 and (df.kind == "decode").sum() == 20
-    assert (df.kind == "mixed").sum() == 6 and (df.kind == "host").sum() == 4
+    assert (df.kind == "mixed").sum() == 6 and (df.kind == "host").sum() == 8
     # a decode row's features are the step loop's own: B sequences of context L read B * (L + 1) KV tokens
     row = df[(df.kind == "decode") & (df.num_decode_seqs == 8)].iloc[-1]
     assert row.decode_kv_tokens == 8 * 513 and row.num_prefill_tokens == 0
-    host = df[df.kind == "host"].sort_values("num_decode_seqs")
+    host = df[(df.kind == "host") & (df.num_prefill_seqs == 0)].sort_values("num_decode_seqs")
     assert host.seconds.iloc[-1] > host.seconds.iloc[0]  # the loop's work grows with the running requests
+    admit = df[(df.kind == "host") & (df.num_prefill_seqs == 1)]
+    assert sorted(admit.num_prefill_tokens.unique()) == [32, 256] and set(admit.num_decode_seqs) == {1, 64}
+    one = host.set_index("num_decode_seqs").seconds
+    # admitting a prompt costs host time (measured here: +25-45 us over 11-80 us; summed, as one host row of a
+    # few microseconds can be disturbed on a shared machine)
+    assert admit.seconds.sum() > one[admit.num_decode_seqs].sum()
 
 
 def test_fit_reports_held_out_error_and_names_its_profile(profiled):
@@ -173,7 +186,14 @@ def test_fidelity_on_100_azure_requests(profiled, tmp_path):
     for name in ("fidelity.csv", "fidelity.md", "fidelity.json", "fidelity_cdf.png", "steps.csv",
                  "real/summary.json", "sim/summary.json", "config.yaml"):
         assert (out / name).exists(), name
-    assert "| TTFT p99 (ms) |" in (out / "fidelity.md").read_text()
+    md = (out / "fidelity.md").read_text()
+    assert "| TTFT p99 (ms) |" in md and "Real run(s) on: " in md
+    assert "match the real run's in every field" in md  # profiled here, a moment ago
+    assert "The replay process's share of the core" in md
+    (c,) = res.replay_cpu
+    # per step: the idle wait before it (>= 0, from the run's step series) and the page faults of its execute()
+    assert (res.steps.idle_before_s >= -1e-9).all() and (res.steps.minor_faults >= 0).all()
+    assert 0 < c["busy_s"] <= c["wall_s"] * 1.01 and 0 < c["share"] <= 1.05
     table = pd.read_csv(out / "fidelity.csv")
     assert len(table) == len(METRICS) and list(table.columns[:5]) == ["metric", "key", "real", "sim", "rel_error"]
     assert table.real_1.tolist() == table.real.tolist() and table.real_spread.isna().all()  # one run: no spread

@@ -51,7 +51,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from testbed.app.cli import CONF_DIR
 from testbed.core.cost import BatchShape
 from testbed.app.frontend import without_frontend
-from testbed.app.run import RunResult, finish, prepare, resolve_model_spec, run_info, simulate
+from testbed.app.run import RunResult, finish, model_preset, prepare, resolve_model_spec, run_info, simulate
 from testbed.app.validate import check_config
 
 log = logging.getLogger("testbed.app.fidelity")
@@ -79,18 +79,29 @@ class FidelityResult:
     header: dict  # the profile's header, when the cost model came from one
     out: Path | None = None
     repeats: list[RunResult] = field(default_factory=list)  # every real run (repeats[0] is `real`)
+    machine: dict = field(default_factory=dict)  # where the real runs ran (engine/machine.py)
+    machine_diffs: list | None = None  # the profile's machine against it; None: no profile to compare
+    replay_cpu: list[dict] = field(default_factory=list)  # per real run: process CPU s, wall s, busy wall s
 
 
 # --- the two runs ------------------------------------------------------------------------------
 def replay_with_steps(cfg: DictConfig):
     """`testbed.app.run.replay_on_engine`, keeping the replay so its per-step records can be read."""
+    from testbed.engine.machine import system_busy_s
     from testbed.engine.setup import build_engine
 
     t0 = time.perf_counter()
     engine = build_engine(cfg, resolve_model_spec(cfg.model))
     setup = prepare(cfg, model=engine.spec, device_blocks=engine.num_blocks)
     replay = engine.replay(setup.requests, setup.make_loop(cfg, engine.num_blocks), cfg.backend.horizon_s, cfg.seed)
-    result = finish(cfg, setup, replay.run(), "engine", t0)
+    b0, w0, c0 = system_busy_s(), time.perf_counter(), time.process_time()
+    outcome = replay.run()
+    # the process's CPU seconds (every thread) over the replay's wall seconds, idle waits for arrivals included,
+    # and what every other process ran meanwhile (a neighbour slows the replay even when it keeps its core)
+    replay.process_cpu_s, replay.wall_s = time.process_time() - c0, time.perf_counter() - w0
+    b1 = system_busy_s()
+    replay.others_cpu_s = max(0.0, b1 - b0 - replay.process_cpu_s) if b0 is not None and b1 is not None else None
+    result = finish(cfg, setup, outcome, "engine", t0)
     result.summary.update(device=engine.device_name, dtype=str(engine.dtype).removeprefix("torch."))
     return result, replay, setup.cost
 
@@ -224,6 +235,26 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
+def check_machine(cfg: DictConfig, vllm: bool) -> list:
+    """The profile's machine and software against the real run's (device, torch threads included):
+    warns naming the differing fields and the command that profiles this machine; returns them."""
+    from testbed.app.run import check_profile_machine
+    from testbed.sim.fitted_cost import ProfileCostModel
+
+    cost = ProfileCostModel.from_file(cfg.cost_model.profile)  # fitted once per process, the simulation reuses it
+    device = None
+    if not vllm:
+        import torch
+
+        from testbed.engine.setup import resolve_device
+
+        dev = resolve_device(cfg.backend.device)
+        device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    return check_profile_machine(cost, cfg, device=device, threads=_torch_threads(),
+                                 then="then testbed-fidelity with cost_model.profile=my_profile.csv (or "
+                                      "cost_model.profile=null: testbed-fidelity profiles this machine first)")
+
+
 def run_fidelity(cfg: DictConfig, out_dir: str | Path | None = None) -> FidelityResult:
     """Replay `cfg`'s trace on the engine (or, with backend=vllm, on real vLLM) `fidelity.repeats` times,
     simulate it with `cfg`'s cost model, compare; write to out_dir."""
@@ -245,12 +276,15 @@ def run_fidelity(cfg: DictConfig, out_dir: str | Path | None = None) -> Fidelity
     if vllm and (problems := vllm_problems(cfg)):
         raise ValueError("testbed-fidelity backend=vllm: " + "; ".join(problems))
     if not vllm and cfg.cost_model.name == "profile" and not cfg.cost_model.profile:
-        from testbed.engine.profile import run_profile
+        from testbed.app.profile import run_profile
 
         where = (out or Path(cfg.output.dir)) / "profile.csv"
         log.info("no cost_model.profile given: profiling the engine first (%s grid) -> %s", pc.grid, where)
         cfg = _with(cfg, cost_model__profile=str(run_profile(cfg, where)))
-    reals, records, cpus = [], [], []
+    machine_diffs = None
+    if cfg.cost_model.name == "profile":  # before the replays: a profile of another machine is said first
+        machine_diffs = check_machine(cfg, vllm)
+    reals, records, cpus, faults, replay_cpu = [], [], [], [], []
     for i in range(repeats):
         log.info("real replay %d of %d (%s)", i + 1, repeats, "vLLM" if vllm else "engine")
         if vllm:
@@ -259,9 +293,17 @@ def run_fidelity(cfg: DictConfig, out_dir: str | Path | None = None) -> Fidelity
             real, replay, _ = replay_with_steps(_with(cfg, backend__name="engine"))
         reals.append(real)
         records.append(replay.step_records)
+        if hasattr(replay, "process_cpu_s"):
+            busy = sum(r[2] for r in replay.step_records)
+            others = replay.others_cpu_s
+            replay_cpu.append({"process_cpu_s": replay.process_cpu_s, "wall_s": replay.wall_s, "busy_s": busy,
+                               "share": replay.process_cpu_s / replay.wall_s if replay.wall_s else float("nan"),
+                               "others_cores": others / replay.wall_s if others is not None and replay.wall_s
+                               else float("nan")})
         # the replay thread's CPU time stands for the step's work only where that thread does all of it
         own_thread = vllm or (real.summary.get("device") == "cpu" and _torch_threads() == 1)
         cpus.append(getattr(replay, "step_cpu_s", None) if own_thread else None)
+        faults.append(getattr(replay, "step_faults", None))
     s0 = reals[0].summary
     sim_kv = {"kv__num_blocks": s0["kv_blocks"]}
     if vllm:  # vLLM's own block size
@@ -273,8 +315,13 @@ def run_fidelity(cfg: DictConfig, out_dir: str | Path | None = None) -> Fidelity
     cost = prepare(sim_cfg).cost
     table = compare_repeats([r.summary for r in reals], sim.summary)
     frames, per_run = [], []
-    for i, (rec, cpu) in enumerate(zip(records, cpus)):
+    for i, (rec, cpu, flt, real) in enumerate(zip(records, cpus, faults, reals)):
         df, err = step_errors(rec, cost, cpu)
+        if len(real.steps) == len(df):  # the idle wait before each step (for arrivals), from the run's step series
+            end = (real.steps.start + real.steps.duration).to_numpy()
+            df["idle_before_s"] = np.r_[real.steps.start.iloc[0], real.steps.start.to_numpy()[1:] - end[:-1]] if len(df) else []
+        if flt is not None and len(flt) == len(df):
+            df["minor_faults"] = flt  # page faults taken during execute(): heap growth, see engine/replay.py
         frames.append(df.assign(repeat=i + 1))
         per_run.append(err)
     steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -284,8 +331,12 @@ def run_fidelity(cfg: DictConfig, out_dir: str | Path | None = None) -> Fidelity
         step_err["by_repeat"] = {i + 1: {"steps": e["steps"], **e["iteration"],
                                          **{k: e[k] for k in ("cpu_share", "contended_steps") if k in e}}
                                  for i, e in enumerate(per_run) if e.get("steps")}
+    from testbed.engine.machine import describe_machine
+
+    machine = describe_machine(device=s0.get("device"), dtype=s0.get("dtype"),
+                               threads=None if vllm else _torch_threads())
     res = FidelityResult(table, step_err, steps, reals[0], sim, cost.name, dict(getattr(cost, "header", {})), out,
-                         reals)
+                         reals, machine, machine_diffs, replay_cpu)
     if out is not None:
         write(res, cfg, out)
     return res
@@ -311,6 +362,22 @@ def markdown(res: FidelityResult, cfg: DictConfig) -> str:
         lines += [f"Profile: {header.get('model')} on {header.get('device')}, {header.get('dtype')}, torch "
                   f"{header.get('torch')}, {header.get('torch_threads')} thread(s), {src}, "
                   f"measured {header.get('date')}.", ""]
+    m = res.machine
+    if m:
+        lines += [f"Real run(s) on: {m.get('cpu_model')} ({m.get('cpus_usable')} of {m.get('cpu_count')} CPUs usable), "
+                  f"device {m.get('device')}, torch {m.get('torch')} with {m.get('torch_threads')} thread(s) "
+                  f"(OMP_NUM_THREADS={m.get('omp_num_threads')}), transformers {m.get('transformers')}, Python "
+                  f"{m.get('python')}, testbed {m.get('testbed')}.", ""]
+    if res.machine_diffs is not None:
+        from testbed.engine.machine import difference_text, profile_command
+
+        if res.machine_diffs:
+            lines += [f"**The profile is another machine's or software's**: {difference_text(res.machine_diffs)}. "
+                      f"Its step times may not hold here; profile this machine first: "
+                      f"`{profile_command(header, model_preset())}`.", ""]
+        else:
+            lines += ["The profile's machine and software match the real run's in every field that moves step "
+                      "times.", ""]
     done = "/".join(str(r.summary["completed"]) for r in res.repeats or [res.real])
     steps = "/".join(str(r.summary["num_steps"]) for r in res.repeats or [res.real])
     lines += [f"{s['num_requests']} requests ({done} finished in the {n} real run(s), "
@@ -360,6 +427,14 @@ def markdown(res: FidelityResult, cfg: DictConfig) -> str:
             lines += ["", f"Over the real runs' busy time the replay thread had {e['cpu_share']:.0%} of a core "
                           f"(CPU seconds / wall seconds); {e['contended_steps']} of {e['steps']} steps lost it to "
                           "another process (wall > 1.1 x CPU)."]
+    if res.replay_cpu:
+        runs = "; ".join(f"{c['process_cpu_s']:.2f} CPU s over {c['wall_s']:.2f} wall s ({c['share']:.0%}), "
+                         f"{c['busy_s'] / c['wall_s']:.0%} of it in steps, other processes busy on "
+                         f"{c['others_cores']:.2f} cores meanwhile" for c in res.replay_cpu)
+        lines += ["", f"The replay process's share of the core (process CPU time / replay wall time, idle waits "
+                      f"for arrivals included), per real run: {runs}. Other processes slow the replay even while it "
+                      "keeps its core (shared caches, memory bandwidth, SMT siblings): a quiet machine has them "
+                      "near 0."]
     return "\n".join(lines) + "\n"
 
 
@@ -396,7 +471,8 @@ def write(res: FidelityResult, cfg: DictConfig, out: Path) -> None:
     res.steps.to_csv(out / "steps.csv", index=False)
     (out / "fidelity.md").write_text(markdown(res, cfg))
     (out / "fidelity.json").write_text(json.dumps(
-        {"cost_model": res.cost_model, "repeats": max(len(res.repeats), 1),
+        {"cost_model": res.cost_model, "repeats": max(len(res.repeats), 1), "machine": res.machine,
+         "profile_machine_differences": res.machine_diffs, "replay_cpu": res.replay_cpu,
          "metrics": {r["key"]: {k: v for k, v in r.items() if k not in ("key", "metric")}
                      for r in res.table.to_dict("records")},
          "step_error": res.step_error}, indent=2, default=float) + "\n")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from array import array
 from dataclasses import asdict
 from pathlib import Path
 
@@ -28,21 +29,27 @@ from testbed.app.validate import check_config
 from testbed.core.cost import BatchShape
 from testbed.core.kv import BlockManager
 from testbed.core.loop import SchedulerLimits, StepLoop
-from testbed.core.request import Request
+from testbed.core.request import Request, RequestState
+from testbed.engine.machine import system_busy_s
 from testbed.engine.profile import _measure, grid_points, header_of, time_point, write_profile
 from testbed.engine.profile_config import ProfileConfig, resolve
 
 
 def time_host(policy_name: str, knobs: dict, n: int, limits: SchedulerLimits, block_size: int,
-              pc: ProfileConfig, retries: int) -> tuple[BatchShape, dict]:
+              pc: ProfileConfig, retries: int, prompt: int = 0, prefix_caching: bool = False) -> tuple[BatchShape, dict]:
     """The step loop's cost per step with N running decodes: `plan` (the policy, validation, KV
-    allocation, the batch shape) + the replay's token bookkeeping + `complete`; no model."""
+    allocation, the batch shape) + the replay's token bookkeeping + `complete`; no model.
+
+    With `prompt` > 0, a request of that many prompt tokens also arrives before every step and is
+    admitted and prefilled in it (its first token is its last, so it leaves in `complete`): the
+    host work a replay's prefill steps add (the arrival, the admission's KV allocation and, with
+    prefix caching, its block keys, the prompt's token list, the finish), which decode rows lack."""
     repeats, warmup = max(pc.repeats, 20), max(pc.warmup, 5)
     out_len = (warmup + 10 * repeats) * (1 + retries) + 8  # nobody finishes while timed
-    blocks = n * -(-(16 + out_len) // block_size) + 8
-    limits = SchedulerLimits(max(limits.max_num_batched_tokens, 16 * n), max(limits.max_num_seqs, n),
-                             max(limits.max_model_len, 16 + out_len))
-    loop = StepLoop(make_policy(policy_name, **knobs), BlockManager(blocks, block_size, False), limits)
+    blocks = n * -(-(16 + out_len) // block_size) + 2 * -(-prompt // block_size) + 8
+    limits = SchedulerLimits(max(limits.max_num_batched_tokens, 16 * n, prompt + n), max(limits.max_num_seqs, n + 1),
+                             max(limits.max_model_len, 16 + out_len, prompt + 1))
+    loop = StepLoop(make_policy(policy_name, **knobs), BlockManager(blocks, block_size, prefix_caching), limits)
     tokens = {}
     for i in range(n):
         loop.arrive(Request(i, 0.0, 16, out_len), 0.0)
@@ -52,17 +59,31 @@ def time_host(policy_name: str, knobs: dict, n: int, limits: SchedulerLimits, bl
         batch = loop.plan(clock[0])
         clock[0] += 1e-3
         loop.complete(batch, clock[0])
-    shape = loop.shape_of([(s, 1) for s in loop.running])
+    items = [(s, 1) for s in loop.running]
+    if prompt:
+        probe = RequestState(Request(-1, 0.0, prompt, 1))
+        items.append((probe, prompt))
+    shape = loop.shape_of(items)
+    drawn = array("i", [1] * prompt)  # a prompt's token ids as the replay holds them until its arrival
+    next_id = [n]
 
     def step():
+        if prompt:
+            rid = next_id[0]
+            next_id[0] += 1
+            loop.arrive(Request(rid, clock[0], prompt, 1), clock[0])
+            tokens[rid] = drawn.tolist()
         batch = loop.plan(clock[0])
         sampled = {s.req.id: 7 for s, k in batch.items}  # what execute() hands back
         for rid, tok in sampled.items():
             tokens[rid].append(tok)
         clock[0] += 1e-3
         loop.complete(batch, clock[0])
-        if batch.shape.num_decode_seqs != n:
-            raise RuntimeError(f"host profile: the {policy_name} policy ran {batch.shape.num_decode_seqs} of {n} decodes")
+        if prompt:
+            tokens.pop(next_id[0] - 1)  # finished: the replay moves its tokens to the results
+        if batch.shape.num_decode_seqs != n or batch.shape.num_prefill_tokens != prompt:
+            raise RuntimeError(f"host profile: the {policy_name} policy ran {batch.shape.num_decode_seqs} of {n} decodes "
+                               f"and {batch.shape.num_prefill_tokens} of {prompt} prompt tokens")
 
     return shape, _measure(step, repeats, warmup, pc.min_time_s, retries)
 
@@ -100,12 +121,14 @@ def run_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
     # grid instead of biasing one region of it; written in grid order.
     order = np.random.default_rng(cfg.seed).permutation(len(points))
     rows: list[dict | None] = [None] * len(points)
-    t0 = time.perf_counter()
+    b0, c0, t0 = system_busy_s(), time.process_time(), time.perf_counter()
     for i in tqdm(order, desc=f"profile {spec.name} on {engine.device_name}", unit="pt", disable=not show,
                   leave=False):
         p = points[i]
         if p.kind == "host":
-            shape, m = time_host(pc.host_policy, knobs, p.decode_batch, limits, bs, pc, retries)
+            prompt = sum(c for c, _ in p.chunks)
+            shape, m = time_host(pc.host_policy, knobs, p.decode_batch, limits, bs, pc, retries, prompt,
+                                 bool(cfg.kv.enable_prefix_caching))
         else:
             shape, m = time_point(runner, kv, shape_loop.shape_of, p, pc, spec.vocab_size, retries)
         if engine.device.type != "cpu":
@@ -113,7 +136,10 @@ def run_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
         rows[i] = {"kind": p.kind, **asdict(shape), **m}
     header = header_of(engine, cfg, pc, len(rows), skipped)
     header["contended_points"] = sum(r["contended"] for r in rows)
-    header["wall_s"] = round(time.perf_counter() - t0, 1)
+    wall, b1 = time.perf_counter() - t0, system_busy_s()
+    header["wall_s"] = round(wall, 1)
+    if b0 is not None and b1 is not None:  # cores other processes kept busy meanwhile (engine/machine.py)
+        header["others_cores"] = round(max(0.0, b1 - b0 - (time.process_time() - c0)) / wall, 2)
     path = Path(out or pc.out or Path(cfg.output.dir) / "profile.csv")
     return write_profile(path, header, rows)
 
@@ -132,8 +158,9 @@ def main(cfg: DictConfig) -> str:
         check_config(cfg, backend="engine")  # it profiles the engine, whatever backend.name says
         path = run_profile(cfg)
     header, _ = read_profile(path)
+    beside = f", other processes busy on {header['others_cores']} cores meanwhile" if "others_cores" in header else ""
     print(f"profile: {path}  ({header.get('points')} points in {header.get('wall_s')} s, "
-          f"{header.get('contended_points')} disturbed by other processes)")
+          f"{header.get('contended_points')} disturbed by other processes{beside})")
     try:
         fit = ProfileCostModel.from_file(path)
     except ValueError as e:

@@ -192,6 +192,7 @@ def _target_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec, note
 
             warnings.warn(f"cost model {cost.name} was measured on model {measured!r}, this run is {model.name!r}",
                           stacklevel=2)
+        check_profile_machine(cost, cfg)
         if parallel_spec(cfg).num_gpus > 1:
             import warnings
 
@@ -215,6 +216,36 @@ def _target_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec, note
                 notes["cost_model_fallback"] = str(e)
             return RooflineCostModel(model, hw, block_size=cfg.kv.block_size, parallel=parallel_spec(cfg))
     raise ValueError(f"cost_model.name={name!r}: expected one of ['roofline', 'profile', 'kernels']")
+
+
+def check_profile_machine(cost, cfg: DictConfig, device: str | None = None, threads: int | None = None,
+                          then: str = "then cost_model=profile cost_model.profile=my_profile.csv") -> list:
+    """Warn when a profile's machine or software differs from this one in what moves step times
+    (`testbed.engine.machine`); returns the differences. A simulation compares only CPU profiles (a GPU
+    profile stands for that GPU wherever the simulation runs) and knows no device of its own; torch's
+    threads are `profile.threads` when set. testbed-fidelity passes the real engine's device and threads."""
+    from testbed.engine.machine import describe_machine, warn_if_other_machine
+
+    header = cost.header
+    if device is None and header.get("device_type", "cpu") != "cpu":
+        return []
+    if threads is None:
+        threads = (cfg.get("profile") or {}).get("threads")
+    dtype = (cfg.backend.get("dtype") if "backend" in cfg else None) or cfg.model.get("dtype")
+    current = describe_machine(device=device, dtype=dtype, threads=threads)
+    if threads is None:
+        current["torch_threads"] = None  # a simulation has no torch threads of its own
+    return warn_if_other_machine(header, cost.path or cost.name, current, model_preset(), then)
+
+
+def model_preset() -> str | None:
+    """The `model=` preset this run was started with (under a Hydra entry point), else None."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.choices.get("model")
+    except Exception:  # not under a Hydra entry point (the Python API)
+        return None
 
 
 def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import platform
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -70,10 +69,11 @@ def trace_label(cfg: DictConfig) -> str:
 def run_vllm_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
     from testbed.app.frontend import without_frontend
     from testbed.app.vllm_run import replay_on_vllm
-
-    cfg = without_frontend(cfg, "testbed-profile")
+    from testbed.engine.machine import describe_machine
     from testbed.engine.profile import write_profile
     from testbed.engine.profile_config import resolve
+
+    cfg = without_frontend(cfg, "testbed-profile")
 
     pc = resolve(cfg.get("profile"))
     if pc.threads:
@@ -87,12 +87,13 @@ def run_vllm_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
     s = result.summary
     import torch
 
+    machine = describe_machine(device=s.get("device"), dtype=s.get("dtype"), threads=torch.get_num_threads(),
+                               commit=True)
     header = {
         "testbed-profile": 1, "source": SOURCE, "device": s.get("device"), "device_type": s.get("device"),
         "model": s.get("model"), "dtype": s.get("dtype"), "block_size": s.get("block_size"),
         "kv_blocks": s.get("kv_blocks"), "vllm": s.get("vllm_version"), "vllm_scheduler": s.get("vllm_scheduler"),
-        "policy": cfg.policy.name, "torch": torch.__version__, "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
+        "policy": cfg.policy.name, **{k: v for k, v in machine.items() if k not in ("device", "dtype")},
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "statistic": "one step each", "calibration": trace_label(cfg), "calibration_trace": trace_key(cfg),
         "calibration_requests": s.get("num_requests"), "points": len(rows), "skipped": 0,

@@ -18,8 +18,9 @@ parts. The grid:
   `complete`) for N running decodes, with no model at all, so that a fitted cost model
   carries the host share of a real iteration and a slow policy shows up as one.
 
-The file is a CSV with `# key: value` header lines (device, model, dtype, block size,
-torch and transformers versions, date, grid, ...), then one row per point: its kind, the
+The file is a CSV with `# key: value` header lines (device, model, dtype, block size, the
+machine and software: CPU model, usable CPUs, torch threads, torch/transformers/Python versions,
+the testbed's version and commit (`engine/machine.py`); date, grid, ...), then one row per point: its kind, the
 `BatchShape` fields, and the measured seconds (`seconds`: the median wall time; its
 `prepare_s` and `forward_s` parts; `min_s`; on a CPU `cpu_s`, the median CPU time of the
 thread). On a CPU, a point whose wall time exceeds its CPU time by more than 10% lost the
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -97,6 +97,7 @@ def grid_points(pc: ProfileConfig, max_len: int, num_blocks: int, block_size: in
             continue
         keep.append(p)
     hosts = [Point("host", [], n, 16) for n in pc.host_batches]
+    hosts += [Point("host", [(c, 0)], n, 16) for c in pc.host_prompts for n in pc.host_batches[::3]]
     return keep + hosts, len(pts) - len(keep)
 
 
@@ -176,24 +177,26 @@ def time_point(runner, kv: BlockManager, shape_of, p: Point, pc: ProfileConfig, 
 
 
 def header_of(engine, cfg: DictConfig, pc: ProfileConfig, measured: int, skipped: int) -> dict:
+    """The profile's header: what was measured (model, dtype, KV layout, grid) and on what machine and
+    software (`engine.machine.describe_machine`: CPU model and usable CPUs, torch threads, versions, the
+    testbed's commit), so a user of the profile can be told when it is another machine's."""
     import torch
-    import transformers
+
+    from testbed.engine.machine import describe_machine
 
     grid_spec = {k: v for k, v in asdict(pc).items() if k not in ("out", "progress", "grid")}
+    machine = describe_machine(device=engine.device_name, dtype=str(engine.dtype).removeprefix("torch."),
+                               threads=torch.get_num_threads(), commit=True)
     return {
         "testbed-profile": FORMAT_VERSION,
-        "device": engine.device_name,
+        "device": machine.pop("device"),
         "device_type": engine.device.type,
         "model": engine.spec.name,
         "params": engine.spec.num_params,
-        "dtype": str(engine.dtype).removeprefix("torch."),
+        "dtype": machine.pop("dtype"),
         "block_size": cfg.kv.block_size,
         "kv_blocks": engine.num_blocks,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
-        "torch_threads": torch.get_num_threads(),
+        **machine,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "grid": pc.grid,
         "repeats": pc.repeats,

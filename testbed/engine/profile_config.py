@@ -35,6 +35,7 @@ class ProfileConfig:
     mixed_batches: Optional[list[int]] = bounded(None, ge=1)  # ...plus this many decodes...
     mixed_contexts: Optional[list[int]] = bounded(None, ge=1)  # ...of this context
     host_batches: Optional[list[int]] = bounded(None, ge=1)  # loop overhead (plan + complete, no model) for N running decodes
+    host_prompts: Optional[list[int]] = bounded(None, ge=1)  # ... and with one prompt of this many tokens admitted per step
     host_policy: str = "vllm"
     max_kv_tokens: Optional[int] = bounded(None, ge=1)  # skip points holding more KV tokens than this; null: the grid's
 
@@ -53,6 +54,7 @@ GRIDS: dict[str, dict] = {
         mixed_batches=[4, 16, 64, 128],
         mixed_contexts=[64, 256, 1024],
         host_batches=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+        host_prompts=[16, 256, 1024],
         max_kv_tokens=65536,
     ),
     # A GPU: chunks up to the default token budget, decode batches up to vLLM's max_num_seqs.
@@ -68,6 +70,7 @@ GRIDS: dict[str, dict] = {
         mixed_batches=[4, 16, 64, 128, 256],
         mixed_contexts=[128, 1024, 4096],
         host_batches=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+        host_prompts=[64, 1024, 4096],
         max_kv_tokens=2_000_000,
     ),
 }

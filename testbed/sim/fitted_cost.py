@@ -46,8 +46,8 @@ import pandas as pd
 from testbed.core.cost import BatchShape, verify_as_decode_rows
 
 HOLDOUT_EVERY = 5
-ENGINE_TERMS = ["c0", "c_floor", "c_tok", "c_pairs", "c_ctx_pairs", "c_pkv", "c_dkv", "c_pseq", "c_dseq"]
-HOST_TERMS = ["h0", "h_seq"]
+ENGINE_TERMS = ["c0", "c_floor", "c_tok", "c_pairs", "c_ctx_pairs", "c_pkv", "c_dkv", "c_pseq", "c_dseq", "c_mixed"]
+HOST_TERMS = ["h0", "h_seq", "h_pseq", "h_ptok"]
 _CACHE: dict[tuple, "ProfileCostModel"] = {}
 
 
@@ -91,6 +91,8 @@ def _features(df: pd.DataFrame) -> dict[str, np.ndarray]:
     f["tokens"] = f["num_prefill_tokens"] + f["num_decode_seqs"]
     f["seqs"] = f["num_prefill_seqs"] + f["num_decode_seqs"]
     f["ctx_pairs"] = _ctx_pairs(f["num_prefill_tokens"], f["num_prefill_seqs"], f["prefill_kv_tokens"])
+    # the step runs both attention paths, decode rows beside prefill chunks (engine/attention.py)
+    f["mixed"] = ((f["num_decode_seqs"] > 0) & (f["num_prefill_seqs"] > 0)).astype(float)
     return f
 
 
@@ -105,14 +107,14 @@ def _ctx_pairs(tokens, seqs, kv):
 
 
 def _engine_pred(p: np.ndarray, f: dict[str, np.ndarray]) -> np.ndarray:
-    c0, c_floor, c_tok, c_pairs, c_ctx, c_pkv, c_dkv, c_pseq, c_dseq = p
+    c0, c_floor, c_tok, c_pairs, c_ctx, c_pkv, c_dkv, c_pseq, c_dseq, c_mixed = p
     return (c0 + np.maximum(c_floor, c_tok * f["tokens"]) + c_pairs * f["prefill_attn_pairs"] + c_ctx * f["ctx_pairs"]
             + c_pkv * f["prefill_kv_tokens"] + c_dkv * f["decode_kv_tokens"]
-            + c_pseq * f["num_prefill_seqs"] + c_dseq * f["num_decode_seqs"])
+            + c_pseq * f["num_prefill_seqs"] + c_dseq * f["num_decode_seqs"] + c_mixed * f["mixed"])
 
 
 def _host_pred(p: np.ndarray, f: dict[str, np.ndarray]) -> np.ndarray:
-    return p[0] + p[1] * f["seqs"]
+    return p[0] + p[1] * f["seqs"] + p[2] * f["num_prefill_seqs"] + p[3] * f["num_prefill_tokens"]
 
 
 def _fit(pred, f: dict[str, np.ndarray], y: np.ndarray, n_params: int) -> np.ndarray:
@@ -125,25 +127,34 @@ def _fit(pred, f: dict[str, np.ndarray], y: np.ndarray, n_params: int) -> np.nda
     for i, c in enumerate(cols):
         m = np.max(np.abs(c)) if c.size else 0.0
         scale[i] = np.median(y) / m if m > 0 else 1.0
+    # A term the profile never exercises (a column of zeros: no decode rows, no host rows with a prefill,
+    # an older grid) says nothing of its parameter: it stays 0 rather than at an arbitrary starting value
+    # that would then price shapes the profile never measured.
+    free = np.array([c.size > 0 and np.any(c != 0) for c in cols])
 
     def resid(q):
-        return pred(q * scale, f) / y - 1.0
+        full = np.zeros(n_params)
+        full[free] = q
+        return pred(full * scale, f) / y - 1.0
 
     best = None
     for start in (0.1, 0.5, 0.01):
-        q0 = np.full(n_params, start)
+        q0 = np.full(int(free.sum()), start)
         r = least_squares(resid, q0, bounds=(0.0, np.inf), loss="soft_l1", f_scale=0.05, x_scale="jac",
                           max_nfev=2000)
         if best is None or r.cost < best.cost:
             best = r
-    return best.x * scale
+    out = np.zeros(n_params)
+    out[free] = best.x
+    return out * scale
 
 
 def _columns(f: dict[str, np.ndarray], n_params: int) -> list[np.ndarray]:
     if n_params == len(HOST_TERMS):
-        return [np.ones_like(f["seqs"]), f["seqs"]]
+        return [np.ones_like(f["seqs"]), f["seqs"], f["num_prefill_seqs"], f["num_prefill_tokens"]]
     return [np.ones_like(f["tokens"]), np.ones_like(f["tokens"]), f["tokens"], f["prefill_attn_pairs"],
-            f["ctx_pairs"], f["prefill_kv_tokens"], f["decode_kv_tokens"], f["num_prefill_seqs"], f["num_decode_seqs"]]
+            f["ctx_pairs"], f["prefill_kv_tokens"], f["decode_kv_tokens"], f["num_prefill_seqs"], f["num_decode_seqs"],
+            f["mixed"]]
 
 
 # --- the residual correction -------------------------------------------------------------------
@@ -206,7 +217,8 @@ def _fit_all(df: pd.DataFrame, corrections: dict[str, bool]) -> _Fit:
     fe = _features(eng)
     ye = eng.seconds.to_numpy(float)
     pe = _fit(_engine_pred, fe, ye, len(ENGINE_TERMS))
-    ph = _fit(_host_pred, _features(host), host.seconds.to_numpy(float), len(HOST_TERMS)) if len(host) else np.zeros(2)
+    ph = (_fit(_host_pred, _features(host), host.seconds.to_numpy(float), len(HOST_TERMS)) if len(host)
+          else np.zeros(len(HOST_TERMS)))
     log_ratio = np.log(ye / _engine_pred(pe, fe))
     dec, pre = _families(eng)
     grids = {}
@@ -265,8 +277,8 @@ class ProfileCostModel:
         self.fit = fit
         self.params = dict(zip(ENGINE_TERMS, fit.engine.tolist())) | dict(zip(HOST_TERMS, fit.host.tolist()))
         (self._c0, self._c_floor, self._c_tok, self._c_pairs, self._c_ctx, self._c_pkv, self._c_dkv, self._c_pseq,
-         self._c_dseq) = fit.engine.tolist()
-        self._h0, self._h_seq = fit.host.tolist()
+         self._c_dseq, self._c_mixed) = fit.engine.tolist()
+        self._h0, self._h_seq, self._h_pseq, self._h_ptok = fit.host.tolist()
         self._dgrid, self._pgrid = fit.decode_grid, fit.prefill_grid
 
     @classmethod
@@ -315,6 +327,8 @@ class ProfileCostModel:
         t = (self._c0 + max(self._c_floor, self._c_tok * tokens) + self._c_pairs * s.prefill_attn_pairs
              + self._c_pkv * s.prefill_kv_tokens + self._c_dkv * s.decode_kv_tokens
              + self._c_pseq * s.num_prefill_seqs + self._c_dseq * s.num_decode_seqs)
+        if s.num_decode_seqs and s.num_prefill_seqs:
+            t += self._c_mixed
         if s.prefill_kv_tokens > s.num_prefill_tokens:
             t += self._c_ctx * s.num_prefill_tokens * s.prefill_kv_tokens / s.num_prefill_seqs
         if s.num_prefill_seqs == 0:
@@ -327,7 +341,8 @@ class ProfileCostModel:
 
     def host_time(self, s: BatchShape) -> float:
         """The step loop's own time per step (policy, validation, KV bookkeeping), no model."""
-        return self._h0 + self._h_seq * (s.num_prefill_seqs + s.num_decode_seqs)
+        return (self._h0 + self._h_seq * (s.num_prefill_seqs + s.num_decode_seqs) + self._h_pseq * s.num_prefill_seqs
+                + self._h_ptok * s.num_prefill_tokens)
 
     def step_time(self, s: BatchShape) -> float:
         # a profile has no verify pass: the engine part prices its draft tokens as decode rows, the host
