@@ -139,13 +139,26 @@ def test_the_main_command_says_it_ran_the_validated_configuration(tmp_path):
     assert s["cost_model_data"]["source"] == "shipped" and s["cost_model_data"]["gpu"] == "h100_sxm"
     assert s["cost_model_data"]["versions"]["gemm"] == "0.24.0"
     assert s["validated_configuration"] is True and s["differs_from_validated"] == []
+    assert s["sampler"] == "sort"  # Llama-3.1-8B-Instruct's generation_config.json: temperature 0.6, top-p 0.9
     assert line(s).startswith("validated configuration: llama3.1-8b on h100-sxm, cost_model=kernels "
-                              "(aiconfigurator-core 0.12.0 vLLM tables for h100_sxm), frontend=vllm_api, async scheduling")
+                              "(aiconfigurator-core 0.12.0 vLLM tables for h100_sxm), sampler: sort, "
+                              "frontend=vllm_api, async scheduling")
+
+
+@pytest.mark.parametrize("overrides, path", [(["sampling.temperature=0"], "greedy"),
+                                             (["sampling.generation_config=vllm"], "random"),
+                                             (["model=mistral_nemo_12b"], "random"),  # its file sets nothing
+                                             (["model=qwen2_5_7b"], "sort+penalties")])
+def test_the_summary_names_the_samplers_path(overrides, path, tmp_path):
+    from testbed.app.run import simulate
+
+    s = simulate(config("trace.max_requests=5", f"output.dir={tmp_path}", *overrides)).summary
+    assert s["sampler"] == path
 
 
 @pytest.mark.parametrize("overrides, differs", [
     (["frontend=none"], ["frontend=none"]),
-    (["cost_model.kernel_scale=1.2"], ["cost_model.kernel_scale=1.2 (shipped: 1.006)"]),
+    (["cost_model.kernel_scale=1.2"], [f"cost_model.kernel_scale=1.2 (shipped: {preset('cost_model', 'kernels')['kernel_scale']})"]),
     (["backend.async_scheduling=false"], ["async scheduling off"]),
     (["spec_decode.method=ngram"], ["async scheduling off (vLLM's default with ngram or draft-model speculative decoding)"]),
     (["cost_model=roofline"], ["cost_model=roofline"]),

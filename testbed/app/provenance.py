@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-PROVENANCE_KEYS = ("cost_model_data", "cost_model_fallback", "async_scheduling", "tensor_parallel_size",
+PROVENANCE_KEYS = ("cost_model_data", "cost_model_fallback", "sampler", "async_scheduling", "tensor_parallel_size",
                    "pipeline_parallel_size", "validated_configuration", "differs_from_validated",
                    "decode_cost_model_data", "decode_cost_model_fallback")  # the last two: disaggregated pools
 # (and the values of conf/cost_model/kernels.yaml and conf/frontend/vllm_api.yaml, framework vllm among them)
@@ -51,6 +51,9 @@ def provenance(cfg: DictConfig, cost: Any, backend: str, async_scheduling: bool,
     data = cost_model_data(cost)
     if data is not None:
         out["cost_model_data"] = data
+    sampler = getattr(cost, "sampler", None)  # the kernel model's (testbed/sim/sampler_cost.py); None: not priced
+    if sampler is not None:
+        out["sampler"] = sampler.params.path(sampler.vocab_size)
     if fallback is not None:
         out["cost_model_fallback"] = fallback
     if backend == "sim":
@@ -120,6 +123,8 @@ def line(summary: dict) -> str:
     where = f"{summary.get('model')} on {summary.get('hardware')}"
     where += "".join(f", {k} {summary[key]}" for k, key in (("TP", "tensor_parallel_size"), ("PP", "pipeline_parallel_size"))
                      if summary.get(key, 1) > 1)
+    if summary.get("sampler"):
+        what += f", sampler: {summary['sampler']}"
     parts = [where, what, f"frontend={summary.get('frontend', 'none')}",
              "async scheduling" if summary.get("async_scheduling") else "no async scheduling"]
     if summary.get("validated_configuration"):
