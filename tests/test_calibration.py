@@ -106,7 +106,7 @@ def test_fit_reports_held_out_error_and_names_its_profile(profiled):
     # another process took the core during many points (even after their retry), the profile measured
     # the neighbour: the bounds then say nothing of the fit (seen once: median 26% under a busy machine)
     contended = read_profile(profiled)[1].contended.mean()
-    if contended <= 0.2:
+    if contended <= 0.1:
         assert h["median_ape"] < 0.25 and h["p95_ape"] < 1.0, (h, contended)
     else:
         warnings.warn(f"{contended:.0%} of the profile's points lost the core to another process: "

@@ -63,6 +63,11 @@ def with_spec_decode(cost: CostModel, cfg: DictConfig, model: ModelSpec, hw: Har
     elif name == "kernels":
         bare_cfg = cfg.copy()
         bare_cfg.cost_model.step_overhead_s = bare_cfg.cost_model.seq_overhead_s = 0.0
+        # the draft passes run inside the target's step (the proposer in the worker's execute_model): no scheduler
+        # or input-preparation work of their own, and they draft greedily (argmax over the draft logits,
+        # vllm/v1/spec_decode/eagle.py of 0.15.1), so neither the host term nor the sampler's passes repeat per pass
+        bare_cfg.cost_model.host_step_s = bare_cfg.cost_model.host_seq_s = 0.0
+        bare_cfg.cost_model.sampler = False
         draft_cost = run.build_kernel_cost_model(bare_cfg, draft, hw)
     else:
         raise ValueError(f"spec_decode.method=draft with cost_model={name}: a profile holds one measured model's "
