@@ -9,6 +9,7 @@ trace source is a loader here and nothing else. Modules, one job each:
 * `testbed.traces.loaders`: Azure CSV, Mooncake JSONL, any CSV/JSONL/Parquet through a column
   mapping, with row-exact errors (strict) or an account of every rejected row (lenient);
   relative paths fall back to the bundled traces in ``traces/data/``.
+* `testbed.traces.dispatch`: `load_trace`, a format's name to its loader.
 * `testbed.traces.formats`: published formats by name (Azure 2024, streamed in bounded memory;
   Azure multimodal 2025; BurstGPT; Vidur's length-only sets).
 * `testbed.traces.generators`: Poisson and Gamma arrivals with fixed or trace-sampled lengths.
@@ -21,7 +22,8 @@ trace source is a loader here and nothing else. Modules, one job each:
 from testbed.traces.errors import RejectedRow, TraceError
 from testbed.traces.generators import gamma, poisson
 from testbed.traces.loaders import (DATA_DIR, FORMATS, TIME_UNITS, TraceLoad, bundled_path, bundled_traces, load_azure,
-                            load_mooncake, load_table, load_trace, resolve_path)
+                            load_mooncake, load_table, resolve_path)
+from testbed.traces.dispatch import load_trace
 from testbed.traces import formats
 from testbed.traces.formats import (load_azure_2024, load_azure_multimodal_2025, load_burstgpt, load_vidur_lengths,
                                     missing_path)
