@@ -115,10 +115,12 @@ class CostModelConfig:
     name: str = "roofline"
     profile: Optional[str] = None  # a profile file, for fitted cost models
     # cost_model=kernels only (testbed/sim/kernel_cost.py): measured kernel tables of aiconfigurator-core for
-    # hardware.kernel_db_gpu, as timed in `framework` (vllm, sglang or trtllm) at `framework_version` (null: the
-    # newest present per op); data_dir: a folder laid out as aiconfigurator-core's systems/data (null: the package's)
+    # hardware.kernel_db_gpu, as timed in `framework` (vllm, sglang or trtllm) at `framework_version` (null: per op,
+    # the version nearest to `version_near`, the release the simulated server runs, or the newest when that is null);
+    # data_dir: a folder laid out as aiconfigurator-core's systems/data (null: the package's)
     framework: str = "vllm"
     framework_version: Optional[str] = None
+    version_near: Optional[str] = None
     data_dir: Optional[str] = None
     # cost_model=kernels: what prices the steps when the measured tables cannot (no tables for the GPU, framework,
     # model dtype, head size or op: testbed.app.run.build_kernel_cost_model): "roofline" (a warning, and the summary

@@ -262,7 +262,7 @@ def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec)
                             f"in the measured kernel database (e.g. hardware.kernel_db_gpu=h100_sxm; "
                             f"`python -m testbed.sim.kernel_db` lists them)")
     parallel = parallel_spec(cfg)
-    db = shared_kernel_db(hw.kernel_db_gpu, cc.framework, cc.framework_version, cc.data_dir)
+    db = shared_kernel_db(hw.kernel_db_gpu, cc.framework, cc.framework_version, cc.data_dir, cc.get("version_near"))
     sc = cfg.scheduler
     sampler = None
     if cc.get("sampler", True):
@@ -289,14 +289,14 @@ def sampling_params(cfg: DictConfig, model: ModelSpec) -> tuple[SamplingParams, 
 
 
 @functools.lru_cache(maxsize=8)
-def shared_kernel_db(gpu: str, framework: str, version: str | None, data_dir: str | None):
+def shared_kernel_db(gpu: str, framework: str, version: str | None, data_dir: str | None, near: str | None = None):
     """One `KernelDB` per set of tables in a process. Its look-ups are memoised on the instance, so a
     process that builds many cost models (testbed-validate's replays: one per run and fitted value)
     reads and grids each table once instead of once per model (about 0.3 s each); the look-ups are
     pure, so sharing them changes no step time."""
     from testbed.sim.kernel_db import KernelDB
 
-    return KernelDB(gpu, framework, version, data_dir)
+    return KernelDB(gpu, framework, version, data_dir, near=near)
 
 
 def with_host_link(cost, cfg: DictConfig, model: ModelSpec, hw: HardwareSpec):

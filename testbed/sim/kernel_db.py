@@ -63,8 +63,11 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "kernel_data"  # package data (p
 # their own preferences where the kernel differs (vLLM: cutlass scaled_mm for per-tensor fp8 GEMMs, FlashInfer for
 # fp8 KV on GPUs without FA3, Marlin for int4 experts); an op without them uses the op's own
 FRAMEWORKS = {
-    "vllm": dict(gemm=("torch.nn.functional.linear",), attention=("vllm_flash_attn_fa3",),
-                 moe=("vllm_unquantizedfusedmoe_triton_tritonexperts",), allreduce_backend="vllm_graph",
+    # each op's kernel as the collector names it, then its older name (the vLLM 0.14.0 tables: vllm_default is
+    # torch's linear, vllm_flash_attn is vLLM's FlashAttention, version 3 on Hopper, vllm_fused_moe the Triton
+    # fused MoE that later tables call by its modular-kernel parts)
+    "vllm": dict(gemm=("torch.nn.functional.linear", "vllm_default"), attention=("vllm_flash_attn_fa3", "vllm_flash_attn"),
+                 moe=("vllm_unquantizedfusedmoe_triton_tritonexperts", "vllm_fused_moe"), allreduce_backend="vllm_graph",
                  gemm_fp8=("CutlassFP8ScaledMMLinearKernel",),
                  attention_fp8=("vllm_flash_attn_fa3", "vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode",
                                 "vllm_flashinfer_fiprefill", "vllm_flashinfer_fidecode", "vllm_flashinfer"),
@@ -145,6 +148,15 @@ def find_tables(gpu: str, framework: str, version: Optional[str] = None,
                gpu in shipped_gpus(framework) else f"the testbed ships {framework} tables for {shipped} only")
         raise ImportError(f"{INSTALL_HINT}: {gpu} {framework}: {why}") from None
     return TableSource(root, "installed", f"{PACKAGE} {installed_version()}")
+
+
+def _version_distance(v: str, near: str) -> float:
+    """How far release `v` is from `near`, major.minor.patch read as one number (0.14.0 is 1.1 from 0.15.1,
+    0.24.0 is 8.9): a table timed at the nearest release is the likeliest to have the same kernels."""
+    def number(x: str) -> float:
+        parts = [p[0] for p in _version_key(x)] + [0, 0, 0]
+        return parts[0] * 1e6 + parts[1] * 1e3 + parts[2]
+    return abs(number(v) - number(near)) / 1e3
 
 
 def _version_key(v: str) -> tuple:
@@ -294,12 +306,14 @@ def match_heads(model_heads: int, model_kv: int, measured: Sequence[tuple[int, i
 class KernelDB:
     """The measured tables of one (gpu, framework, version) and interpolated look-ups in seconds.
 
-    version=None takes the newest version present for that GPU and op (they differ per op: the
-    collector does not re-measure every op at every release). `data_dir`: a folder laid out as
-    aiconfigurator-core's `systems/data` (None: the installed package's)."""
+    version=None takes, per op, the version present nearest to `near` (the framework release the simulated
+    server runs; on a tie the older), or the newest with near=None (they differ per op: the collector does
+    not re-measure every op at every release). `data_dir`: a folder laid out as aiconfigurator-core's
+    `systems/data` (None: the installed package's)."""
 
     def __init__(self, gpu: str, framework: str = "vllm", version: Optional[str] = None,
-                 data_dir: Optional[str | Path] = None, kernel_sources: Optional[dict] = None):
+                 data_dir: Optional[str | Path] = None, kernel_sources: Optional[dict] = None,
+                 near: Optional[str] = None):
         self.source = find_tables(gpu, framework, version, data_dir, own_sources=bool(kernel_sources))
         root = self.source.root
         if not root.is_dir():
@@ -310,6 +324,7 @@ class KernelDB:
         if framework not in FRAMEWORKS:
             raise KernelDBError(f"framework {framework!r}: expected one of {sorted(FRAMEWORKS)}")
         self.root, self.gpu, self.framework, self.requested_version = root, gpu, framework, version
+        self.near = near
         self.sources = {**FRAMEWORKS[framework], **{op: (v,) if isinstance(v, str) and op != "allreduce_backend" else v
                                                     for op, v in (kernel_sources or {}).items()}}
         self.versions: dict[str, str] = {}
@@ -319,7 +334,8 @@ class KernelDB:
 
     # ---------------------------------------------------------------- reading
     def _candidates(self, op: str) -> list[Path]:
-        """The op's table files, newest version first (only the requested one when a version is set)."""
+        """The op's table files in order of preference: newest first, or nearest to `near` first (only the
+        requested one when a version is set)."""
         folder, file = OPS[op]
         fw_dir = self.root / self.gpu / folder / self.framework
         present = sorted((p.name for p in fw_dir.iterdir() if (p / file).is_file()), key=_version_key,
@@ -331,6 +347,8 @@ class KernelDB:
                                 f"frameworks with {folder} tables there: {', '.join(have) or 'none'}"
                                 + self._why_not_shipped(op))
         if self.requested_version is None:
+            if self.near is not None:
+                present = sorted(present, key=lambda v: (_version_distance(v, self.near), _version_key(v)))
             return [fw_dir / v / file for v in present]
         if self.requested_version in present:
             return [fw_dir / self.requested_version / file]
