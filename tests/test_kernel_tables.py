@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -100,6 +101,27 @@ def test_the_shipped_tables_say_where_they_come_from():
             assert len(pd.read_parquet(SHIPPED_DIR / rel)) == info["rows"] <= info["of_rows"], rel
 
 
+def test_the_upstream_tables_say_where_they_come_from():
+    up = json.loads((SHIPPED_DIR / "upstream.json").read_text())
+    assert up["license"] == "Apache-2.0" and len(up["commit"]) == 40 and "upstream repository" in \
+        (SHIPPED_DIR / "NOTICE-upstream.md").read_text()
+    import pandas as pd
+
+    for rel, info in up["files"].items():
+        assert len(pd.read_parquet(SHIPPED_DIR / rel)) == info["rows"], rel
+
+
+@pytest.mark.parametrize("near, expected", [(None, "0.24.0"), ("0.15.1", "0.14.0"), ("0.23.0", "0.24.0"),
+                                            ("0.19.0", "0.14.0")])  # a tie (5 from each) goes to the older
+def test_each_op_reads_the_table_version_nearest_the_simulated_release(near, expected):
+    db = KernelDB("h100_sxm", "vllm", near=near)
+    db.gemm_over_m(4096, 4096, np.array([8.0]))
+    db.attention_grid("generation", 32, 8, 128)
+    assert db.versions["gemm"] == db.versions["generation_attention"] == expected
+    # the older tables name the same kernels by their older names
+    assert db.sources_used["generation_attention"] == ("vllm_flash_attn" if expected == "0.14.0" else "vllm_flash_attn_fa3")
+
+
 def test_the_tables_are_read_from_data_dir_then_shipped_then_the_package(tmp_path, monkeypatch):
     assert find_tables("h100_sxm", "vllm", data_dir=tmp_path).kind == "data_dir"
     assert find_tables("h100_sxm", "vllm").kind == "shipped"
@@ -137,11 +159,11 @@ def test_the_main_command_says_it_ran_the_validated_configuration(tmp_path):
     s = simulate(config("trace.max_requests=50", f"output.dir={tmp_path}")).summary
     assert s["cost_model"] == "kernels" and s["frontend"] == "vllm_api" and s["async_scheduling"] is True
     assert s["cost_model_data"]["source"] == "shipped" and s["cost_model_data"]["gpu"] == "h100_sxm"
-    assert s["cost_model_data"]["versions"]["gemm"] == "0.24.0"
+    assert s["cost_model_data"]["versions"]["gemm"] == "0.14.0"  # nearest the simulated vLLM 0.15.1
     assert s["validated_configuration"] is True and s["differs_from_validated"] == []
     assert s["sampler"] == "sort"  # Llama-3.1-8B-Instruct's generation_config.json: temperature 0.6, top-p 0.9
     assert line(s).startswith("validated configuration: llama3.1-8b on h100-sxm, cost_model=kernels "
-                              "(aiconfigurator-core 0.12.0 vLLM tables for h100_sxm), sampler: sort, "
+                              "(aiconfigurator-core 0.12.0 and aiconfigurator @ 095f58a vLLM tables for h100_sxm), sampler: sort, "
                               "frontend=vllm_api, async scheduling")
 
 

@@ -19,6 +19,7 @@ them out of the result hashes (`PROVENANCE_KEYS`).
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -36,9 +37,25 @@ def cost_model_data(cost: Any) -> Optional[dict]:
     if db is None or not hasattr(db, "source"):
         return None
     src = db.source
-    return {"source": src.kind, "tables": src.package if src.package else str(src.root), "gpu": db.gpu,
+    tables = src.package if src.package else str(src.root)
+    if src.kind == "shipped" and (upstream := _upstream_commit(db)):
+        tables += f" and aiconfigurator @ {upstream[:7]}"  # kernel_data/NOTICE-upstream.md
+    return {"source": src.kind, "tables": tables, "gpu": db.gpu,
             "framework": db.framework, "versions": dict(sorted(db.versions.items())),
             "kernels": dict(sorted(db.sources_used.items()))}
+
+
+def _upstream_commit(db: Any) -> Optional[str]:
+    """The upstream repository's commit when a table read comes from it rather than the package
+    (kernel_data/upstream.json), else None."""
+    import json
+
+    listing = db.source.root / "upstream.json"
+    if not listing.is_file():
+        return None
+    up = json.loads(listing.read_text())
+    read = {Path(path).resolve().relative_to(db.source.root.resolve()).as_posix() for path, _, _ in db.reads.values()}
+    return up["commit"] if read & set(up["files"]) else None
 
 
 def provenance(cfg: DictConfig, cost: Any, backend: str, async_scheduling: bool,
@@ -96,7 +113,7 @@ def differences(cfg: DictConfig, cost_name: str, data: Optional[dict], async_sch
 
 
 def describe_data(data: dict) -> str:
-    """e.g. 'aiconfigurator-core 0.12.0 vLLM tables for h100_sxm (context attention, gemm, generation
+    """e.g. 'aiconfigurator-core 0.12.0 and aiconfigurator @ 095f58a vLLM tables for h100_sxm (context attention, gemm, generation
     attention: vLLM 0.24.0), shipped with the testbed'."""
     fw = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}.get(data["framework"], data["framework"])
     by_version: dict[str, list[str]] = {}
@@ -111,7 +128,7 @@ def describe_data(data: dict) -> str:
 def line(summary: dict) -> str:
     """One line naming the configuration that produced a simulated run's numbers and whether it is the
     validated one, e.g. 'validated configuration: llama3.1-8b on h100-sxm, cost_model=kernels
-    (aiconfigurator-core 0.12.0 vLLM tables for h100_sxm), frontend=vllm_api, async scheduling'."""
+    (aiconfigurator-core 0.12.0 and aiconfigurator @ 095f58a vLLM tables for h100_sxm), frontend=vllm_api, async scheduling'."""
     cost = summary.get("cost_model", "?")
     data = summary.get("cost_model_data")
     what = f"cost_model={cost}"

@@ -154,7 +154,10 @@ def _same(a: Path, b: Path) -> list[str]:
     diffs = []
     names = {p.relative_to(a).as_posix() for p in a.rglob("*") if p.is_file()} | \
             {p.relative_to(b).as_posix() for p in b.rglob("*") if p.is_file()}
-    for n in sorted(names - {"LICENSE-aiconfigurator-core"}):  # the licence text is kept, not exported
+    upstream = a / "upstream.json"  # tables added from the upstream repository, which no export writes
+    added = set(json.loads(upstream.read_text())["files"]) | {"upstream.json", "NOTICE-upstream.md"} if upstream.is_file() \
+        else set()
+    for n in sorted(names - {"LICENSE-aiconfigurator-core"} - added):  # the licence text is kept, not exported
         pa, pb = a / n, b / n
         if not (pa.is_file() and pb.is_file()):
             diffs.append(f"{n}: only in {'the shipped folder' if pa.is_file() else 'a fresh export'}")
