@@ -289,3 +289,15 @@ def test_tools_comparing_with_the_engine_drop_the_default_front_end():
 
     cfg = without_frontend(config("model=tiny_llama"), "testbed-fidelity")
     assert cfg.frontend.name == "none" and cfg.frontend.request_s == 0
+
+
+def test_a_head_size_the_nearest_tables_lack_is_read_from_the_next_version():
+    """vLLM 0.14.0's H100 attention tables time head_dim 128 only; a 64-wide model (Llama-3.2-1B, a draft
+    model) is priced from the next version that has it, and the summary's versions say so."""
+    db = KernelDB("h100_sxm", "vllm", near="0.15.1")
+    db.attention_grid("generation", 32, 8, 128)
+    db.attention_grid("generation", 32, 8, 64)
+    assert db.versions["generation_attention"] == "0.14.0"
+    assert db.versions["generation_attention (another head size)"] == "0.24.0"
+    with pytest.raises(KernelDBError, match="head_dim=80 was not measured.*measured: \\[64, 128"):
+        db.attention_grid("context", 32, 8, 80)

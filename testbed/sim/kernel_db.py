@@ -369,7 +369,7 @@ class KernelDB:
         return key if dtype != "bfloat16" and key in self.sources else op_source
 
     def _read(self, op: str, columns: list[str], filters: list[tuple], source: Optional[str] = None,
-              key: Optional[str] = None):
+              key: Optional[str] = None, exclude: tuple = ()):
         """Rows of the newest table version that has them: only `columns` (and latency), only rows matching
         `filters` (a filter on a column an older table lacks is dropped: e.g. no window_size means no
         sliding window) and, with `source`, of the op's preferred kernel source: the newest version
@@ -380,6 +380,8 @@ class KernelDB:
 
         why, tables = [], []
         for path in self._candidates(op):
+            if path.parent.name in exclude:  # versions the caller found wanting (attention_grid: a head size)
+                continue
             names = set(pq.read_schema(path).names)
             use = [f for f in filters if f[0] in names]
             rule = " and ".join(f"{c} {o} {v!r}" for c, o, v in use) or "no filter"
@@ -429,11 +431,12 @@ class KernelDB:
         return LogGrid.from_rows([df.m.values, df.n.values, df.k.values], df.latency.values * 1e-3, up=(1, 1, 1))
 
     @functools.lru_cache(maxsize=None)
-    def _attention_rows(self, op: str, kv_dtype: str = "bfloat16"):
+    def _attention_rows(self, op: str, kv_dtype: str = "bfloat16", exclude: tuple = ()):
         cols = ["batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim"]
+        key = op if kv_dtype == "bfloat16" else f"{op} {kv_dtype}"
         return self._read(op, cols, [("kv_cache_dtype", "==", kv_dtype), ("window_size", "==", 0)],
-                          source=self._source("attention", kv_dtype),
-                          key=op if kv_dtype == "bfloat16" else f"{op} {kv_dtype}")
+                          source=self._source("attention", kv_dtype), exclude=exclude,
+                          key=key if not exclude else f"{key} (another head size)")
 
     @property
     def _context_rows(self):
@@ -452,11 +455,24 @@ class KernelDB:
         aiconfigurator's engine keys the same rows by that sum (its table view of
         generation_attention_perf lists 2, 4, ..., 131072 for steps 1, 3, ..., 131071).
         `kv_dtype`: the tables' kv_cache_dtype (bfloat16, fp8), bf16 queries either way."""
-        df = self._attention_rows("context_attention" if phase == "context" else "generation_attention", kv_dtype)
+        op = "context_attention" if phase == "context" else "generation_attention"
+        df = self._attention_rows(op, kv_dtype)
         hd = df[df.head_dim == head_dim]
+        measured, tried = set(df.head_dim.unique().tolist()), (self.reads[op if kv_dtype == "bfloat16" else
+                                                                         f"{op} {kv_dtype}"][0].parent.name,)
+        while hd.empty and len(tried) < len(self._candidates(op)):
+            # the preferred version lacks this head size (vLLM 0.14.0's H100 tables time 128 only): the next one
+            try:
+                df = self._attention_rows(op, kv_dtype, exclude=tried)
+            except KernelDBError:
+                break
+            hd = df[df.head_dim == head_dim]
+            measured |= set(df.head_dim.unique().tolist())
+            tried += (self.reads[f"{op if kv_dtype == 'bfloat16' else f'{op} {kv_dtype}'} (another head size)"][0]
+                      .parent.name,)
         if hd.empty:
             raise KernelDBError(f"{phase} attention: head_dim={head_dim} was not measured on {self.gpu} "
-                                f"{self.framework}; measured: {sorted(df.head_dim.unique().tolist())}")
+                                f"{self.framework}; measured: {sorted(measured)}")
         pairs = sorted(set(map(tuple, hd[["num_heads", "num_key_value_heads"]].values.tolist())))
         match = match_heads(heads, kv_heads, pairs)
         rows = hd[(hd.num_heads == match.heads) & (hd.num_key_value_heads == match.kv_heads)]
