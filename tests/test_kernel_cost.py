@@ -74,7 +74,8 @@ def test_measured_point_is_returned_and_off_grid_lies_between(db):
     path = db._path("gemm")
     df = pd.read_parquet(path, filters=[("kernel_source", "==", "torch.nn.functional.linear"),
                                         ("gemm_dtype", "==", "bfloat16"), ("n", "==", 4096), ("k", "==", 4096)])
-    row = df[df.m == 64].latency.median() * 1e-3
+    # a measured point, or the slowest measured at fewer rows where noise made it faster (monotone in m)
+    row = df[df.m <= 64].groupby("m").latency.median().max() * 1e-3
     assert db.gemm(64, 4096, 4096) == pytest.approx(row)
     a, b = db.gemm(64, 4096, 4096), db.gemm(96, 4096, 4096)
     assert min(a, b) <= db.gemm(80.5, 4096, 4096) <= max(a, b)
@@ -85,6 +86,9 @@ def test_gemm_grows_with_m(db):
     t = db.gemm_over_m(4096, 4096, ms)
     assert np.all(np.diff(t) > 0)
     assert np.allclose(t, [db.gemm(m, 4096, 4096) for m in ms])
+    # never below a smaller GEMM, whatever the tables' noise (vLLM 0.14.0's LM head rows: 0.43 ms at 1 row, 0.36 at 8)
+    lm = KernelDB("h100_sxm", near="0.15.1").gemm_over_m(128256, 4096, np.arange(1, 65, dtype=float))
+    assert np.all(np.diff(lm) >= 0)
 
 
 def test_tensor_parallel_halves_gemm_work_and_adds_all_reduce(db):

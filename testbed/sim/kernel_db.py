@@ -556,7 +556,8 @@ class KernelDB:
 
     # ---------------------------------------------------------------- look-ups (seconds)
     def gemm(self, m: float, n: float, k: float) -> float:
-        return self.gemm_grid(m, n, k)
+        """One GEMM's latency, as `gemm_over_m` prices it (monotone in m)."""
+        return float(self.gemm_over_m(n, k, np.array([m], dtype=float))[0])
 
     def gemm_over_m(self, n: int, k: int, ms: np.ndarray, dtype: str = "bfloat16") -> np.ndarray:
         grid = self.gemm_grid if dtype == "bfloat16" else self.gemm_grid_of(dtype)
