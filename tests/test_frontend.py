@@ -122,7 +122,7 @@ def test_a_negative_delay_is_refused_naming_the_key(key):
 def test_a_backend_without_an_http_front_end_refuses_one(backend):
     with pytest.raises(ConfigError) as e:
         check_config(config(f"backend={backend}", "frontend=vllm_api"))
-    assert "frontend.request_s=0.0081: the simulator's only" in str(e.value)
+    assert "frontend.request_s=0.0077: the simulator's only" in str(e.value)
     assert "frontend=none" in str(e.value)
     check_config(config(f"backend={backend}", "frontend=none"))  # the default is fine
 
