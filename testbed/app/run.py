@@ -172,7 +172,8 @@ def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec, notes:
     `notes` (when given) receives `cost_model_fallback` when the roofline stood in for the kernel model."""
     from testbed.app.spec_decode import with_spec_decode
 
-    return with_spec_decode(_target_cost_model(cfg, model, hw, notes), cfg, model, hw)
+    return with_spec_decode(_target_cost_model(cfg, model, hw, notes), cfg, model, hw, parallel_spec(cfg),
+                            build_kernel_cost_model)
 
 
 def _target_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec, notes: dict | None = None) -> CostModel:

@@ -42,8 +42,11 @@ def draft_model_spec(name: str) -> ModelSpec:
     return ModelSpec(**node)
 
 
-def with_spec_decode(cost: CostModel, cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
-    """`cost` with drafting added when spec_decode.method is not none (else `cost` itself)."""
+def with_spec_decode(cost: CostModel, cfg: DictConfig, model: ModelSpec, hw: HardwareSpec, parallel,
+                     build_kernels: Callable[[DictConfig, ModelSpec, HardwareSpec], CostModel]) -> CostModel:
+    """`cost` with drafting added when spec_decode.method is not none (else `cost` itself). `parallel`:
+    the run's ParallelSpec; `build_kernels`: how the run builds a measured-kernel model (passed in by
+    testbed.app.run, which imports this module)."""
     sd = cfg.get("spec_decode")
     if sd is None or sd.method == "none":
         return cost
@@ -53,13 +56,12 @@ def with_spec_decode(cost: CostModel, cfg: DictConfig, model: ModelSpec, hw: Har
         raise ValueError(f"spec_decode.method={sd.method!r}: expected one of none, ngram, draft")
     draft = draft_model_spec(sd.draft_model)
     name = cost.name.split(":")[0]  # the kind that prices the target (roofline where it stood in for kernels)
-    from testbed.app import run  # imported here: run imports this module
 
     if name == "roofline":
         from testbed.sim.roofline import RooflineCostModel
 
         bare = dataclasses.replace(hw, step_overhead_s=0.0, decode_seq_overhead_s=0.0)
-        draft_cost = RooflineCostModel(draft, bare, block_size=cfg.kv.block_size, parallel=run.parallel_spec(cfg))
+        draft_cost = RooflineCostModel(draft, bare, block_size=cfg.kv.block_size, parallel=parallel)
     elif name == "kernels":
         bare_cfg = cfg.copy()
         bare_cfg.cost_model.step_overhead_s = bare_cfg.cost_model.seq_overhead_s = 0.0
@@ -68,7 +70,7 @@ def with_spec_decode(cost: CostModel, cfg: DictConfig, model: ModelSpec, hw: Har
         # vllm/v1/spec_decode/eagle.py of 0.15.1), so neither the host term nor the sampler's passes repeat per pass
         bare_cfg.cost_model.host_step_s = bare_cfg.cost_model.host_seq_s = 0.0
         bare_cfg.cost_model.sampler = False
-        draft_cost = run.build_kernel_cost_model(bare_cfg, draft, hw)
+        draft_cost = build_kernels(bare_cfg, draft, hw)
     else:
         raise ValueError(f"spec_decode.method=draft with cost_model={name}: a profile holds one measured model's "
                          f"step times, none of the draft {sd.draft_model}'s; use cost_model=roofline or kernels, "
