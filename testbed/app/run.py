@@ -178,8 +178,9 @@ def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec, notes:
 
 def _target_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec, notes: dict | None = None) -> CostModel:
     name = cfg.cost_model.name
+    roofline = lambda: RooflineCostModel(model, hw, block_size=cfg.kv.block_size, parallel=parallel_spec(cfg))  # noqa: E731
     if name == "roofline":
-        return RooflineCostModel(model, hw, block_size=cfg.kv.block_size, parallel=parallel_spec(cfg))
+        return roofline()
     if name == "profile":
         from testbed.sim.fitted_cost import ProfileCostModel
 
@@ -215,7 +216,7 @@ def _target_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec, note
                         "says so (cost_model.fallback=null makes this an error)", e)
             if notes is not None:
                 notes["cost_model_fallback"] = str(e)
-            return RooflineCostModel(model, hw, block_size=cfg.kv.block_size, parallel=parallel_spec(cfg))
+            return roofline()
     raise ValueError(f"cost_model.name={name!r}: expected one of ['roofline', 'profile', 'kernels']")
 
 
@@ -255,7 +256,7 @@ def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec)
     `kernels` extra); `_target_cost_model` then falls back to the roofline when cost_model.fallback says so."""
     from testbed.sim.kernel_cost import KernelCostModel
     from testbed.sim.sampler_cost import SamplerCost
-    from testbed.sim.kernel_db import KernelDB, KernelDBError
+    from testbed.sim.kernel_db import KernelDBError
 
     cc = cfg.cost_model
     if not hw.kernel_db_gpu:

@@ -462,23 +462,20 @@ class KernelDB:
         generation_attention_perf lists 2, 4, ..., 131072 for steps 1, 3, ..., 131071).
         `kv_dtype`: the tables' kv_cache_dtype (bfloat16, fp8), bf16 queries either way."""
         op = "context_attention" if phase == "context" else "generation_attention"
+        key = op if kv_dtype == "bfloat16" else f"{op} {kv_dtype}"  # as _attention_rows records its reads
         df = self._attention_rows(op, kv_dtype)
-        hd = df[df.head_dim == head_dim]
-        measured, tried = set(df.head_dim.unique().tolist()), (self.reads[op if kv_dtype == "bfloat16" else
-                                                                         f"{op} {kv_dtype}"][0].parent.name,)
+        hd, measured, tried = df[df.head_dim == head_dim], set(df.head_dim), (self.reads[key][0].parent.name,)
         while hd.empty and len(tried) < len(self._candidates(op)):
             # the preferred version lacks this head size (vLLM 0.14.0's H100 tables time 128 only): the next one
             try:
                 df = self._attention_rows(op, kv_dtype, exclude=tried)
             except KernelDBError:
                 break
-            hd = df[df.head_dim == head_dim]
-            measured |= set(df.head_dim.unique().tolist())
-            tried += (self.reads[f"{op if kv_dtype == 'bfloat16' else f'{op} {kv_dtype}'} (another head size)"][0]
-                      .parent.name,)
+            hd, measured = df[df.head_dim == head_dim], measured | set(df.head_dim)
+            tried += (self.reads[f"{key} (another head size)"][0].parent.name,)
         if hd.empty:
             raise KernelDBError(f"{phase} attention: head_dim={head_dim} was not measured on {self.gpu} "
-                                f"{self.framework}; measured: {sorted(measured)}")
+                                f"{self.framework}; measured: {sorted(int(h) for h in measured)}")
         pairs = sorted(set(map(tuple, hd[["num_heads", "num_key_value_heads"]].values.tolist())))
         match = match_heads(heads, kv_heads, pairs)
         rows = hd[(hd.num_heads == match.heads) & (hd.num_key_value_heads == match.kv_heads)]
