@@ -17,7 +17,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from testbed.app.cli import CONF_DIR
-from testbed.app.run import run
+from testbed.app.cli import run
 from testbed.app.validate import ConfigError, check_config
 from testbed.vllm_backend import VLLMUnavailable, check_version, parse_version
 

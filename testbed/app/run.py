@@ -552,18 +552,6 @@ def replay_on_engine(cfg: DictConfig, stop: Callable[[], bool] | None = None) ->
     return result
 
 
-def run(cfg: DictConfig, stop: Callable[[], bool] | None = None) -> RunResult:
-    if cfg.backend.name == "sim":
-        return simulate(cfg, stop)
-    if cfg.backend.name == "engine":
-        return replay_on_engine(cfg, stop)
-    if cfg.backend.name == "vllm":
-        from testbed.app.vllm_run import replay_on_vllm
-
-        return replay_on_vllm(cfg, stop)
-    raise ValueError(f"backend.name={cfg.backend.name!r}: expected sim, engine or vllm")
-
-
 @contextlib.contextmanager
 def progress_bar(cfg: DictConfig, requests: list[Request]):
     """A tqdm bar over the trace's arrivals (simulated seconds), or None when it would be noise."""
