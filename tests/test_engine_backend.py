@@ -71,7 +71,7 @@ def check_tokens_against_generate(policy, device, tmp_path):
     from testbed.engine.models import build_model
     from testbed.engine.prompts import PromptTokens
     from testbed.engine.setup import build_engine
-    from testbed.app.run import prepare
+    from testbed.app.run_setup import prepare
     from testbed.core.specs import ModelSpec
 
     cfg = config(*TINY, f"backend.device={device}", f"policy={policy}", "trace=mooncake",
@@ -145,7 +145,7 @@ def tiny_checkpoint(folder, seed=1):
 
 
 def engine_of(*overrides):
-    from testbed.app.run import _obj
+    from testbed.app.run_setup import _obj
     from testbed.core.specs import ModelSpec
     from testbed.engine.setup import build_engine
 
@@ -215,7 +215,7 @@ def test_the_cpu_kv_cache_takes_no_more_than_it_is_allowed_and_says_so(caplog):
     (["kv.num_blocks=7"], "cpu", 7, "kv.num_blocks"),
 ])
 def test_kv_cache_sizing(overrides, device, blocks, why):
-    from testbed.app.run import _obj
+    from testbed.app.run_setup import _obj
     from testbed.core.specs import ModelSpec
     from testbed.engine.setup import kv_cache_blocks
 

@@ -139,7 +139,7 @@ def test_a_request_the_horizon_cuts_off_keeps_its_client_arrival():
 
 
 def test_a_replay_without_the_front_end_refuses_a_configured_one():
-    from testbed.app.run import finish, prepare
+    from testbed.app.run_setup import finish, prepare
 
     cfg = config("trace.max_requests=5", "frontend=vllm_api")
     setup = prepare(cfg)

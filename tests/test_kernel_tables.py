@@ -245,7 +245,7 @@ def test_validation_never_scores_a_stand_in():
     (["disagg.enabled=true"], False),  # not modelled with disaggregation
 ])
 def test_async_scheduling_null_is_vllms_default(overrides, expected):
-    from testbed.app.run import async_scheduling
+    from testbed.app.run_setup import async_scheduling
 
     assert async_scheduling(config(*overrides)) is expected
 
@@ -262,7 +262,7 @@ def test_disaggregation_runs_at_the_default_and_records_async_off(tmp_path):
 
 def test_the_disaggregation_search_compares_layouts_without_async_scheduling_alike():
     from testbed.app.disagg_search import layout_config
-    from testbed.app.run import async_scheduling
+    from testbed.app.run_setup import async_scheduling
 
     for prefill, decode in ((0, 4), (1, 3)):
         assert async_scheduling(layout_config(config(), prefill, decode, 1.0)) is False

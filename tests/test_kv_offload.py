@@ -220,7 +220,7 @@ def compose_cfg(*overrides):
 
 def test_a_profile_cost_model_charges_loads_at_the_host_link_only_with_offload_on():
     """The shipped profile predates `load_blocks` (no such column) and still loads."""
-    from testbed.app.run import _obj, build_cost_model
+    from testbed.app.run_setup import _obj, build_cost_model
 
     cfg = compose_cfg("cost_model=profile", "model=tiny_llama", "hardware=cpu", "kv.offload_gb=1")
     model, hw = _obj(cfg.model, ModelSpec), _obj(cfg.hardware, HardwareSpec)
@@ -243,7 +243,7 @@ def test_the_real_backends_refuse_a_host_tier(backend):
 
 
 def test_an_offload_size_below_one_block_is_refused():
-    from testbed.app.run import offload_kv_blocks
+    from testbed.app.run_setup import offload_kv_blocks
 
     cfg = compose_cfg("kv.offload_gb=1e-9")
     with pytest.raises(ValueError, match=r"kv.offload_gb=1e-09: holds no KV block"):
@@ -251,7 +251,7 @@ def test_an_offload_size_below_one_block_is_refused():
 
 
 def _model(cfg):
-    from testbed.app.run import _obj
+    from testbed.app.run_setup import _obj
 
     return _obj(cfg.model, ModelSpec)
 
@@ -286,7 +286,7 @@ def test_every_policy_keeps_the_invariants_with_a_host_tier(name, specs, num_blo
 
 
 def test_an_unknown_write_policy_is_refused_even_with_offload_off():
-    from testbed.app.run import offload_kv_blocks
+    from testbed.app.run_setup import offload_kv_blocks
 
     cfg = compose_cfg("kv.offload_write_policy=write_around")
     with pytest.raises(ValueError, match=r"kv.offload_write_policy='write_around': expected one of write_through, write_back"):

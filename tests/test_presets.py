@@ -11,7 +11,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from testbed.app.cli import CONF_DIR
-from testbed.app.run import prepare, resolve_model_spec, simulate
+from testbed.app.run_setup import prepare, resolve_model_spec
+from testbed.app.run import simulate
 from testbed.core.cost import BatchShape
 from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec, kv_capacity_blocks
 from testbed.sim.roofline import RooflineCostModel

@@ -23,7 +23,7 @@ from conftest import FixedCost, make_loop, make_requests
 from testbed.app.cli import CONF_DIR
 from testbed.app.metrics import outcome_of
 from testbed.app.plugins import load_routers, make_router
-from testbed.app.run import build_router
+from testbed.app.run_setup import build_router
 from testbed.app.validate import check_config
 from testbed.core.bounds import bounds_of
 from testbed.core.kv import BlockManager

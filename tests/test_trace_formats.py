@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from testbed import traces
 from testbed.app.config import TraceConfig
-from testbed.app.run import build_requests
+from testbed.app.run_setup import build_requests
 from testbed.traces import TraceError
 
 AZ_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"

@@ -13,7 +13,7 @@ from scipy import stats
 
 from testbed import traces
 from testbed.app.config import TraceConfig
-from testbed.app.run import build_requests
+from testbed.app.run_setup import build_requests
 from testbed.core.request import Request
 from testbed.traces import TraceError
 

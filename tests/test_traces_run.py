@@ -1,4 +1,4 @@
-"""The trace section of a run (`testbed.app.run.build_requests`): what a config selects, what
+"""The trace section of a run (`testbed.app.run_setup.build_requests`): what a config selects, what
 the run is told about the rows it did not serve, and how it fails when nothing is left."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from testbed.app.config import TraceConfig
-from testbed.app.run import build_requests
+from testbed.app.run_setup import build_requests
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 

@@ -325,7 +325,7 @@ def vllm_profile(vllm, tmp_path_factory):
 def test_vllm_profile_records_every_step_that_ran_tokens(vllm_profile):
     from testbed.sim.fitted_cost import ProfileCostModel, read_profile
 
-    from testbed.app.run import prepare
+    from testbed.app.run_setup import prepare
 
     path, cfg = vllm_profile
     header, df = read_profile(path)

@@ -31,7 +31,7 @@ from testbed.engine.runner import ModelRunner
 from testbed.core.kv import BlockManager
 from testbed.core.request import Request, RequestState
 from testbed.app.plain_llama import PlainLlama
-from testbed.app.run import resolve_model_spec
+from testbed.app.run_setup import resolve_model_spec
 
 
 def _states(kv: BlockManager, n: int, context: int, first_id: int = 0) -> list[RequestState]:

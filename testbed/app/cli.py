@@ -37,7 +37,7 @@ def main(cfg: DictConfig) -> dict:
     if done is not None:
         print(f"skipped: {cfg.output.dir} already holds the results of this exact config")
         return done
-    from testbed.app.run import in_multirun
+    from testbed.app.run_setup import in_multirun
 
     if in_multirun():  # a sweep job: its work in a child, so that an OS kill ends this job only
         from testbed.app.isolated import run_isolated
@@ -113,7 +113,7 @@ def _verdict(cfg: DictConfig, summary: dict, signum: int | None) -> dict:
     else:
         return summary
     from testbed.app.results import RunNotComplete
-    from testbed.app.run import in_multirun
+    from testbed.app.run_setup import in_multirun
 
     if in_multirun():
         raise RunNotComplete(message)
@@ -123,7 +123,7 @@ def _verdict(cfg: DictConfig, summary: dict, signum: int | None) -> dict:
 
 def _offered_rate(cfg: DictConfig) -> float:
     """Arrivals per second of the trace as configured, at rate_scale 1."""
-    from testbed.app.run import build_requests
+    from testbed.app.run_setup import build_requests
 
     reqs, _ = build_requests(cfg.trace, cfg.seed)
     span = reqs[-1].arrival - reqs[0].arrival if len(reqs) > 1 else 0.0

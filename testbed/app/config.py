@@ -123,7 +123,7 @@ class CostModelConfig:
     version_near: Optional[str] = None
     data_dir: Optional[str] = None
     # cost_model=kernels: what prices the steps when the measured tables cannot (no tables for the GPU, framework,
-    # model dtype, head size or op: testbed.app.run.build_kernel_cost_model): "roofline" (a warning, and the summary
+    # model dtype, head size or op: testbed.app.run_setup.build_kernel_cost_model): "roofline" (a warning, and the summary
     # says cost_model=roofline with cost_model_fallback naming why) or null (the run fails, naming what is missing)
     fallback: Optional[str] = None
     # the terms the kernel sum misses, fitted on end-to-end runs: per step (scheduler, sampling, launch gaps), per
@@ -181,7 +181,7 @@ class BackendConfig:
     # vLLM's async scheduling: step N+1 is planned while step N runs, so an arrival during a step waits one more
     # step (testbed/sim/simulation.py). null: vLLM's own default (SchedulerConfig.async_scheduling = None, resolved
     # by VllmConfig, vllm/config/vllm.py L589-622 of 0.15.1): on, but off with ngram or draft-model speculative
-    # decoding; off too where the simulator does not model it (disaggregated pools). testbed.app.run.async_scheduling
+    # decoding; off too where the simulator does not model it (disaggregated pools). testbed.app.run_setup.async_scheduling
     # resolves it; the summary records the value used
     async_scheduling: Optional[bool] = field(default=None, metadata={
         "sim_only": "the engine plans each step after the previous one's outputs; backend=vllm runs vLLM's own setting"})

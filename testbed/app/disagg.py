@@ -20,6 +20,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.app.provenance import provenance
+from testbed.app.run_setup import (RunResult, build_requests, build_router, parallel_spec, prepare, progress_bar,
+                                   resolve_model_spec, spec_summary)
 from testbed.app.frontend import to_engine_queue
 from testbed.app.metrics import request_table, summarize, take_itl_ms
 from testbed.core.request import Request, RequestState, Status
@@ -81,9 +83,6 @@ def check_disagg(cfg: DictConfig) -> None:
 def simulate_disagg(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: ModelSpec | None = None,
                     requests: list[Request] | None = None):
     """Simulate the config's run on a prefill pool and a decode pool (`disagg.*`)."""
-    from testbed.app.run import RunResult, build_requests, build_router, parallel_spec, prepare, \
-        progress_bar, resolve_model_spec
-
     t0 = time.perf_counter()
     check_disagg(cfg)
     link = KVLink.from_config(cfg.disagg.link)
@@ -183,8 +182,6 @@ def disagg_results(cfg: DictConfig, cfgs: dict, setups: dict, outcome: DisaggOut
             summary[f"decode_{key}"] = decode.get(key)
     summary.update(disagg_summary(cfg, cfgs, setups, outcome, table, link, per_token))
     if setups["decode"].drafter is not None:
-        from testbed.app.run import spec_summary
-
         summary.update(spec_summary(cfg, dec.loops))
     return table, summary
 

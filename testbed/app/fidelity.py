@@ -51,7 +51,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from testbed.app.cli import CONF_DIR
 from testbed.core.cost import BatchShape
 from testbed.app.frontend import without_frontend
-from testbed.app.run import RunResult, finish, model_preset, prepare, resolve_model_spec, run_info, simulate
+from testbed.app.run_setup import RunResult, finish, model_preset, prepare, resolve_model_spec
+from testbed.app.run import run_info, simulate
 from testbed.app.validate import check_config
 
 log = logging.getLogger("testbed.app.fidelity")
@@ -238,7 +239,7 @@ def _torch_threads() -> int:
 def check_machine(cfg: DictConfig, vllm: bool) -> list:
     """The profile's machine and software against the real run's (device, torch threads included):
     warns naming the differing fields and the command that profiles this machine; returns them."""
-    from testbed.app.run import check_profile_machine
+    from testbed.app.run_setup import check_profile_machine
     from testbed.sim.fitted_cost import ProfileCostModel
 
     cost = ProfileCostModel.from_file(cfg.cost_model.profile)  # fitted once per process, the simulation reuses it

@@ -94,7 +94,7 @@ def run_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
     import torch
 
     from testbed.engine.setup import build_engine
-    from testbed.app.run import resolve_model_spec
+    from testbed.app.run_setup import resolve_model_spec
 
     pc = resolve(cfg.get("profile"))
     if pc.threads:

@@ -250,7 +250,8 @@ def steps_frame(verdict: Verdict) -> pd.DataFrame:
 def run_referee(cfg: DictConfig, out: str | Path, command: str = "") -> dict:
     """Replay on native vLLM, then the `vllm` policy in lockstep; write and return the report."""
     from testbed.app.results import write_results
-    from testbed.app.run import finish, run_info
+    from testbed.app.run_setup import finish
+    from testbed.app.run import run_info
     from testbed.app.vllm_run import replay_on_vllm
 
     if cfg.policy.name != "vllm":

@@ -5,7 +5,7 @@ Usage:
     testbed-traces describe trace=mooncake trace.rate_scale=2 trace.max_requests=1000 output.dir=desc/mc
     testbed-traces describe trace.kind=file trace.format=csv trace.path=my.csv +trace.columns.arrival=ts ...
 (`python -m testbed.app.traces describe ...` is the same.) The config is composed as for `testbed-sim`,
-checked by `check_config`, and the requests built by `testbed.app.run.build_requests`, the path
+checked by `check_config`, and the requests built by `testbed.app.run_setup.build_requests`, the path
 every run takes: the same file, presets, lenient rejections and transforms (window, first N,
 rate scale, length caps). What is computed, and how, is `testbed.traces.describe`.
 
@@ -39,7 +39,7 @@ _REJECTED = re.compile(r"invalid-row: field (.*?): (.*)", re.DOTALL)
 def describe_config(cfg: DictConfig) -> dict:
     """Check the config, build its requests, and print and write their description."""
     check_config(cfg)
-    from testbed.app.run import build_requests
+    from testbed.app.run_setup import build_requests
     from testbed.traces.describe import describe_requests
 
     requests, rejected = build_requests(cfg.trace, cfg.seed)

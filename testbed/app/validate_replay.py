@@ -112,7 +112,8 @@ def _real(measured: dict, n_out: int) -> dict:
 def simulate_run(cfg: DictConfig, run: RealRun, values: dict[str, float] | None = None) -> RunReplay:
     """The run replayed with `cfg` (and `values` for fitted keys): every stage's figures beside the
     client's, and the whole run's where the run has its summary."""
-    from testbed.app.run import resolve_model_spec, simulate
+    from testbed.app.run_setup import resolve_model_spec
+    from testbed.app.run import simulate
 
     c = run_config(cfg, run, values)
     requests, starts = run_requests(run, cfg.seed, cfg.validate.stage_gap_s)

@@ -35,7 +35,7 @@ def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None,
     """Replay the trace in real time on an in-process vLLM engine (`backend.scheduler` decides who schedules).
     `on_done(setup, replay)` sees the replay before the engine is released (the referee reads its log)."""
     version = require_vllm()
-    from testbed.app.run import finish, prepare, resolve_model_spec
+    from testbed.app.run_setup import finish, prepare, resolve_model_spec
     from testbed.engine.models import build_model, checkpoint_folder
     from testbed.engine.prompts import PromptTokens
     from testbed.vllm_backend.engine import EngineSettings, build_engine, check_model, shutdown_engine
