@@ -121,6 +121,9 @@ class CostModelConfig:
     framework: str = "vllm"
     framework_version: Optional[str] = None
     version_near: Optional[str] = None
+    # the token-to-expert routing whose fused-MoE timings are read: balanced, power_law_1.01 or power_law_1.2
+    # (conf/cost_model/kernels.yaml says why the kernel model's default is power_law_1.2)
+    moe_distribution: str = "balanced"
     data_dir: Optional[str] = None
     # cost_model=kernels: what prices the steps when the measured tables cannot (no tables for the GPU, framework,
     # model dtype, head size or op: testbed.app.run_setup.build_kernel_cost_model): "roofline" (a warning, and the summary

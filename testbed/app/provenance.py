@@ -40,9 +40,12 @@ def cost_model_data(cost: Any) -> Optional[dict]:
     tables = src.package if src.package else str(src.root)
     if src.kind == "shipped" and (upstream := _upstream_commit(db)):
         tables += f" and aiconfigurator @ {upstream[:7]}"  # kernel_data/NOTICE-upstream.md
-    return {"source": src.kind, "tables": tables, "gpu": db.gpu,
+    data = {"source": src.kind, "tables": tables, "gpu": db.gpu,
             "framework": db.framework, "versions": dict(sorted(db.versions.items())),
             "kernels": dict(sorted(db.sources_used.items()))}
+    if getattr(db, "moe_distribution_used", None):  # a MoE model: the routing its expert timings assume
+        data["moe_routing"] = dict(sorted(db.moe_distribution_used.items()))
+    return data
 
 
 def _upstream_commit(db: Any) -> Optional[str]:

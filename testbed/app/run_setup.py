@@ -261,7 +261,8 @@ def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec)
                             f"in the measured kernel database (e.g. hardware.kernel_db_gpu=h100_sxm; "
                             f"`python -m testbed.sim.kernel_db` lists them)")
     parallel = parallel_spec(cfg)
-    db = shared_kernel_db(hw.kernel_db_gpu, cc.framework, cc.framework_version, cc.data_dir, cc.get("version_near"))
+    db = shared_kernel_db(hw.kernel_db_gpu, cc.framework, cc.framework_version, cc.data_dir, cc.get("version_near"),
+                          cc.get("moe_distribution", "balanced"))
     sc = cfg.scheduler
     sampler = None
     if cc.get("sampler", True):
@@ -288,14 +289,15 @@ def sampling_params(cfg: DictConfig, model: ModelSpec) -> tuple[SamplingParams, 
 
 
 @functools.lru_cache(maxsize=8)
-def shared_kernel_db(gpu: str, framework: str, version: str | None, data_dir: str | None, near: str | None = None):
+def shared_kernel_db(gpu: str, framework: str, version: str | None, data_dir: str | None, near: str | None = None,
+                     moe_distribution: str = "balanced"):
     """One `KernelDB` per set of tables in a process. Its look-ups are memoised on the instance, so a
     process that builds many cost models (testbed-validate's replays: one per run and fitted value)
     reads and grids each table once instead of once per model (about 0.3 s each); the look-ups are
     pure, so sharing them changes no step time."""
     from testbed.sim.kernel_db import KernelDB
 
-    return KernelDB(gpu, framework, version, data_dir, near=near)
+    return KernelDB(gpu, framework, version, data_dir, near=near, moe_distribution=moe_distribution)
 
 
 def with_host_link(cost, cfg: DictConfig, model: ModelSpec, hw: HardwareSpec):

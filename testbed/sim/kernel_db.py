@@ -309,17 +309,24 @@ def match_heads(model_heads: int, model_kv: int, measured: Sequence[tuple[int, i
     return HeadsMatch(best[0], best[1], model_heads / best[0])
 
 
+# the token-to-expert routings aiconfigurator's collector times the fused MoE under (collector/vllm/collect_moe.py:
+# balanced logits, or expert loads drawn from a power law of exponent 1.01 or 1.2)
+MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01", "power_law_1.2")
+
+
 class KernelDB:
     """The measured tables of one (gpu, framework, version) and interpolated look-ups in seconds.
 
     version=None takes, per op, the version present nearest to `near` (the framework release the simulated
     server runs; on a tie the older), or the newest with near=None (they differ per op: the collector does
     not re-measure every op at every release). `data_dir`: a folder laid out as aiconfigurator-core's
-    `systems/data` (None: the installed package's)."""
+    `systems/data` (None: the installed package's). `moe_distribution`: the tables' token-to-expert routing
+    whose fused-MoE rows are read (`balanced`, `power_law_1.01`, `power_law_1.2`); a table without such rows
+    is read at `balanced`, and `moe_distribution_used` says so."""
 
     def __init__(self, gpu: str, framework: str = "vllm", version: Optional[str] = None,
                  data_dir: Optional[str | Path] = None, kernel_sources: Optional[dict] = None,
-                 near: Optional[str] = None):
+                 near: Optional[str] = None, moe_distribution: str = "balanced"):
         self.source = find_tables(gpu, framework, version, data_dir, own_sources=bool(kernel_sources))
         root = self.source.root
         if not root.is_dir():
@@ -331,6 +338,11 @@ class KernelDB:
             raise KernelDBError(f"framework {framework!r}: expected one of {sorted(FRAMEWORKS)}")
         self.root, self.gpu, self.framework, self.requested_version = root, gpu, framework, version
         self.near = near
+        if moe_distribution not in MOE_DISTRIBUTIONS:
+            raise ValueError(f"cost_model.moe_distribution={moe_distribution!r}: expected one of "
+                             f"{', '.join(MOE_DISTRIBUTIONS)} (the routings aiconfigurator's MoE tables measured)")
+        self.moe_distribution = moe_distribution
+        self.moe_distribution_used: dict[str, str] = {}  # moe dtype -> the routing its rows were read at
         self.sources = {**FRAMEWORKS[framework], **{op: (v,) if isinstance(v, str) and op != "allreduce_backend" else v
                                                     for op, v in (kernel_sources or {}).items()}}
         self.versions: dict[str, str] = {}
@@ -491,9 +503,21 @@ class KernelDB:
 
     @functools.lru_cache(maxsize=None)
     def _moe_rows_of(self, dtype: str):
-        return self._read("moe", ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size"],
-                          [("moe_dtype", "==", dtype), ("distribution", "==", "balanced"), ("moe_ep_size", "==", 1)],
-                          source=self._source("moe", dtype), key="moe" if dtype == "bfloat16" else f"moe {dtype}")
+        """The fused-MoE rows at `moe_distribution` (the table nearest in version that measured it), else,
+        when no table did (aiconfigurator-core's packaged tables keep `balanced` rows only), at `balanced`."""
+        key = "moe" if dtype == "bfloat16" else f"moe {dtype}"
+        for dist in dict.fromkeys([self.moe_distribution, "balanced"]):
+            try:
+                rows = self._read("moe", ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
+                                          "moe_tp_size"],
+                                  [("moe_dtype", "==", dtype), ("distribution", "==", dist), ("moe_ep_size", "==", 1)],
+                                  source=self._source("moe", dtype), key=key)
+            except KernelDBError:
+                if dist == "balanced":
+                    raise
+                continue
+            self.moe_distribution_used[dtype] = dist
+            return rows
 
     @functools.lru_cache(maxsize=None)
     def moe_grid(self, hidden: int, inter: int, topk: int, experts: int, tp: int,
