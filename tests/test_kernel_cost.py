@@ -112,6 +112,44 @@ def test_moe_step_costs_less_than_all_experts_dense(db):
         assert cost(db, moe, tp=2).step_time(shape(work)) < cost(db, dense_all, tp=2).step_time(shape(work))
 
 
+def test_moe_routing_skew_is_read_from_its_own_rows_and_falls_back_to_balanced():
+    """cost_model.moe_distribution: a skewed routing's rows where the table measured them (vLLM 0.14.0's H100
+    table: a prefill-sized MoE waits for its busiest expert), balanced rows where it did not, said either way."""
+    tokens = np.array([256.0, 1024.0, 2048.0])
+    args = (tokens, 4096, 14336, 2, 8, 2, 989e12, 3.35e12)
+    skew, even = (KernelDB("h100_sxm", near="0.15.1", moe_distribution=d) for d in ("power_law_1.2", "balanced"))
+    slower = skew.moe_over_tokens(*args) / even.moe_over_tokens(*args)
+    assert (slower > 1.03).all() and (slower < 1.3).all(), slower
+    moe = ModelSpec(name="mixtral", hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                    num_kv_heads=8, head_dim=128, vocab_size=32000, num_experts=8, num_experts_per_tok=2)
+    prefill = shape([(0, 1024, False)])
+    assert cost(skew, moe, tp=2).step_time(prefill) > cost(even, moe, tp=2).step_time(prefill)
+    assert skew.moe_distribution_used == {"bfloat16": "power_law_1.2"} and skew.versions["moe"] == "0.14.0"
+    assert skew.reads["moe"][2][1] == ("distribution", "==", "power_law_1.2")
+    h200 = KernelDB("h200_sxm", moe_distribution="power_law_1.2")  # the packaged tables keep balanced rows only
+    assert h200.moe_over_tokens(*args).shape == (3,) and h200.moe_distribution_used == {"bfloat16": "balanced"}
+    with pytest.raises(ValueError, match=r"cost_model.moe_distribution='zipf': expected one of balanced, "):
+        KernelDB("h100_sxm", moe_distribution="zipf")
+
+
+def test_moe_routing_reaches_the_summary(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from testbed.app.cli import CONF_DIR
+    from testbed.app.run import simulate
+
+    for dist in ("power_law_1.2", "balanced"):
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=["model=mixtral_8x7b", "parallel.tensor_parallel_size=2",
+                                               f"cost_model.moe_distribution={dist}", "trace.max_requests=60",
+                                               f"output.dir={tmp_path / dist}"])
+        s = simulate(cfg).summary
+        assert s["cost_model_data"]["moe_routing"] == {"bfloat16": dist} and s["completed"] == 60
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["model=llama3_1_8b", "trace.max_requests=5", f"output.dir={tmp_path / 'dense'}"])
+    assert "moe_routing" not in simulate(cfg).summary["cost_model_data"]  # a dense model reads no MoE table
+
+
 def test_overheads_and_pipeline_add_up(db):
     decode = shape([(799, 1, True)] * 8)
     base = cost(db).step_time(decode)

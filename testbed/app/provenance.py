@@ -43,7 +43,8 @@ def cost_model_data(cost: Any) -> Optional[dict]:
     data = {"source": src.kind, "tables": tables, "gpu": db.gpu,
             "framework": db.framework, "versions": dict(sorted(db.versions.items())),
             "kernels": dict(sorted(db.sources_used.items()))}
-    if getattr(db, "moe_distribution_used", None):  # a MoE model: the routing its expert timings assume
+    model = getattr(cost, "model", None)
+    if getattr(model, "is_moe", False) and db.moe_distribution_used:  # the routing its expert timings assume
         data["moe_routing"] = dict(sorted(db.moe_distribution_used.items()))
     return data
 

@@ -614,7 +614,7 @@ class KernelDB:
 
     def moe_over_tokens(self, tokens: np.ndarray, hidden: int, inter: int, topk: int, experts: int, tp: int,
                         flops: float, bandwidth: float, dtype: str = "bfloat16") -> np.ndarray:
-        """Fused MoE (routed experts, tokens spread evenly) for every token count in `tokens`. A
+        """Fused MoE (routed experts, tokens spread as `moe_distribution` says) for every token count in `tokens`. A
         stand-in configuration's latency is scaled by the ratio of the two configurations' roofline
         times at each token count (FLOPs of the routed tokens vs bytes of the experts they touch)."""
         grid, best = self.moe_grid(hidden, inter, topk, experts, tp, dtype)
