@@ -8,7 +8,7 @@ import pytest
 
 from testbed.core.cost import BatchShape, add_work
 from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
-from testbed.sim.kernel_db import INSTALL_HINT, KernelDB, LogGrid, match_heads
+from testbed.sim.kernel_db import INSTALL_HINT, HeadsMatch, KernelDB, LogGrid, match_heads
 
 HAS_DB = importlib.util.find_spec("aiconfigurator_core") is not None
 needs_db = pytest.mark.skipif(not HAS_DB, reason="aiconfigurator-core (the measured kernel tables) is not installed")
@@ -65,6 +65,21 @@ def test_heads_stand_in_keeps_the_group_ratio_and_scales_the_batch():
     got = match_heads(32, 32, [(8, 8), (32, 8), (4, 4)])
     assert (got.heads, got.kv_heads, got.batch_factor) == (8, 8, 4.0)
     assert match_heads(32, 8, [(8, 8), (32, 8)]).batch_factor == 1.0
+    # Qwen2.5-7B's 28 heads over 4 kv heads: a prompt's work is per query head, a decode's per kv head
+    assert match_heads(28, 4, [(24, 4), (32, 4), (32, 8)]) == HeadsMatch(32, 4, 28 / 32)
+    assert match_heads(28, 4, [(24, 4), (32, 4), (32, 8)], decode=True) == HeadsMatch(32, 4, 1.0)
+    assert match_heads(32, 32, [(8, 8), (32, 8)], decode=True).batch_factor == 4.0
+
+
+def test_decode_attention_reads_kv_per_kv_head_whatever_the_query_heads(db):
+    """The measured tables behind match_heads(decode=True): at fixed kv heads decode attention's time does
+    not follow the query heads; it follows the kv heads."""
+    grid = {hk: db.attention_grid("generation", *hk, 128)[0] for hk in [(8, 4), (32, 4), (64, 4), (32, 8)]}
+    t = {hk: g(32.0, 4096.0) for hk, g in grid.items()}
+    assert t[(8, 4)] == pytest.approx(t[(64, 4)], rel=0.05) and t[(32, 4)] == pytest.approx(t[(64, 4)], rel=0.05)
+    assert 1.5 < t[(32, 8)] / t[(32, 4)] < 2.1
+    qwen = db.attention_grid("generation", 28, 4, 128)[1]
+    assert (qwen.kv_heads, qwen.batch_factor) == (4, 1.0)
 
 
 # ---------------------------------------------------------------- the real tables

@@ -297,16 +297,24 @@ class HeadsMatch:
     batch_factor: float
 
 
-def match_heads(model_heads: int, model_kv: int, measured: Sequence[tuple[int, int]]) -> HeadsMatch:
+def match_heads(model_heads: int, model_kv: int, measured: Sequence[tuple[int, int]],
+                decode: bool = False) -> HeadsMatch:
     """An attention kernel splits its work into (sequence, kv head) tiles (FlashAttention's grid is
     batch x heads), so b sequences of H heads cost about as much as b * H / H' sequences of H' heads
     at the same query-per-kv-head ratio. The measured pair with the closest ratio, then the closest
-    kv-head count, is used with the batch scaled accordingly (exact when the pair was measured)."""
+    kv-head count, is used with the batch scaled accordingly (exact when the pair was measured).
+
+    Decoding (`decode`) reads each sequence's KV once per kv head, whatever number of query heads share
+    it (FlashAttention 3 packs a kv head's query heads into one tile to decode, hopper/heuristics.h
+    should_pack_gqa): its batch is scaled by the kv heads instead. The tables show it: vLLM 0.14.0's H100
+    decode attention at 4 kv heads takes the same time for 4 to 64 query heads (within 3%, batch 1-128,
+    1-4k tokens) and 1.8x that at 8 kv heads (batch 32, 4k). By query heads, a 28-head 4-kv-head model
+    (Qwen2.5-7B) stood in by 32 heads over 4 read 12.5% too little KV."""
     group = model_heads / model_kv
     if (model_heads, model_kv) in set(measured):
         return HeadsMatch(model_heads, model_kv, 1.0)
     best = min(measured, key=lambda hk: (abs(np.log(hk[0] / hk[1] / group)), abs(np.log(hk[1] / model_kv)), -hk[1]))
-    return HeadsMatch(best[0], best[1], model_heads / best[0])
+    return HeadsMatch(best[0], best[1], model_kv / best[1] if decode else model_heads / best[0])
 
 
 # the token-to-expert routings aiconfigurator's collector times the fused MoE under (collector/vllm/collect_moe.py:
@@ -489,7 +497,7 @@ class KernelDB:
             raise KernelDBError(f"{phase} attention: head_dim={head_dim} was not measured on {self.gpu} "
                                 f"{self.framework}; measured: {sorted(int(h) for h in measured)}")
         pairs = sorted(set(map(tuple, hd[["num_heads", "num_key_value_heads"]].values.tolist())))
-        match = match_heads(heads, kv_heads, pairs)
+        match = match_heads(heads, kv_heads, pairs, decode=phase != "context")
         rows = hd[(hd.num_heads == match.heads) & (hd.num_key_value_heads == match.kv_heads)]
         length = rows.isl.values if phase == "context" else rows.isl.values + rows.step.values
         frame = rows.assign(length=length).groupby(["batch_size", "length"], as_index=False).latency.median()
