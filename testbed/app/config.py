@@ -122,7 +122,7 @@ class CostModelConfig:
     framework_version: Optional[str] = None
     version_near: Optional[str] = None
     # the token-to-expert routing whose fused-MoE timings are read: balanced, power_law_1.01 or power_law_1.2
-    # (conf/cost_model/kernels.yaml says why the kernel model's default is power_law_1.2)
+    # (conf/cost_model/kernels.yaml: what power_law_1.2 did to the real Mixtral runs)
     moe_distribution: str = "balanced"
     data_dir: Optional[str] = None
     # cost_model=kernels: what prices the steps when the measured tables cannot (no tables for the GPU, framework,

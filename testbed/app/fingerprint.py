@@ -111,8 +111,7 @@ KERNELS_AS_RECORDED = ["cost_model.kernel_scale=1.006", "cost_model.step_overhea
                        "cost_model.allreduce_overhead_s=9.5e-06",
                        # recorded before the sampler and host-work terms (testbed/sim/sampler_cost.py, issue 23)
                        "cost_model.sampler=false", "cost_model.host_step_s=0", "cost_model.host_seq_s=0",
-                       "cost_model.version_near=null",  # the newest tables, as then
-                       "cost_model.moe_distribution=balanced"]
+                       "cost_model.version_near=null"]  # the newest tables, as then
 
 
 def _pinned(overrides: list[str]) -> list[str]:
