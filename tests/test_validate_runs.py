@@ -234,7 +234,8 @@ def test_validate_scores_tails_itl_and_whole_runs_from_several_folders(tmp_path)
               whole={"ttft": 0.02, "e2e": 1.0, "stream_tpot": 0.98 / (2 * 60 + 1)})
     made = V.simulate_run(cfg, load_run(tmp_path / "seed" / "r-small"))
     assert [s.messages_per_token for s in made.stages] == [2, 2] and made.whole.messages_per_token == 2
-    keep = ("ttft", "ttft_p90", "ttft_p99", "e2e", "e2e_p90", "e2e_p99", "itl", "itl_p90", "itl_p99", "stream_tpot")
+    keep = ("ttft", "ttft_p50", "ttft_p90", "ttft_p99", "e2e", "e2e_p50", "e2e_p90", "e2e_p99", "itl", "itl_p90",
+            "itl_p99", "stream_tpot")
     figures = [dict({k: s.sim[k] for k in keep}, prompt_len=420.0) for s in made.stages]
     write_run(tmp_path / "one", "r-small", "org/Small-1b", SMALL, stages, figures,
               whole={k: made.whole.sim[k] for k in keep})
@@ -247,7 +248,7 @@ def test_validate_scores_tails_itl_and_whole_runs_from_several_folders(tmp_path)
     assert report["whole_runs_missing"] == ["r-smaller"]
     assert np.isnan(report["by_model"]["per_model"]["Smaller-1b"]["itl"])  # that run reports no ITL
     md = (tmp_path / "out" / "validate.md").read_text()
-    for heading in ("the client's p90 and p99", "inter-token latency as the load generator defines it",
+    for heading in ("the client's p50, p90 and p99", "inter-token latency as the load generator defines it",
                     "Whole runs", "not available (no summary_lifecycle_metrics.json): r-smaller",
                     "median of models", "worst model"):
         assert heading in md

@@ -77,7 +77,8 @@ def pooled_percentiles(values: np.ndarray, zeros: int, qs: tuple[float, ...]) ->
 def client_figures(rows: pd.DataFrame, per_token: int | None) -> dict[str, float]:
     """The load generator's figures, in seconds, over `rows` (finished requests of a simulated run:
     `ttft_ms`, `e2el_ms`, `output_len` and, for the inter-token percentiles, `token_times`, the engine's
-    time of each token): ttft, e2e and their TAIL_PERCENTILES (`ttft_p90`, ...), and with `per_token`
+    time of each token): ttft, e2e, their medians (`ttft_p50`, `e2e_p50`: numpy's median, as the load
+    generator's) and TAIL_PERCENTILES (`ttft_p90`, ...), and with `per_token`
     stamped messages per token, `itl` (the pooled gaps' mean), `itl_p90`, `itl_p99` and `stream_tpot`
     (the mean time_per_output_token)."""
     out: dict[str, float] = {}
@@ -87,7 +88,7 @@ def client_figures(rows: pd.DataFrame, per_token: int | None) -> dict[str, float
     e2e = rows["e2el_ms"].to_numpy(dtype=float) / 1e3
     for name, v in (("ttft", ttft), ("e2e", e2e)):
         out[name] = float(np.mean(v))
-        for q, p in zip(TAIL_PERCENTILES, np.percentile(v, TAIL_PERCENTILES)):
+        for q, p in zip((50, *TAIL_PERCENTILES), np.percentile(v, (50, *TAIL_PERCENTILES))):
             out[f"{name}_p{q}"] = float(p)
     if per_token is None:
         return out

@@ -37,9 +37,10 @@ import yaml
 # metric name -> (latency in successes.latency, statistic): what the client measured, as inference-perf
 # summarises it (inference_perf/reportgen/base.py:307-317); `stream_tpot` is its time_per_output_token
 MEASURED = {
-    "ttft": ("time_to_first_token", "mean"), "ttft_p90": ("time_to_first_token", "p90"),
-    "ttft_p99": ("time_to_first_token", "p99"),
-    "e2e": ("request_latency", "mean"), "e2e_p90": ("request_latency", "p90"), "e2e_p99": ("request_latency", "p99"),
+    "ttft": ("time_to_first_token", "mean"), "ttft_p50": ("time_to_first_token", "median"),
+    "ttft_p90": ("time_to_first_token", "p90"), "ttft_p99": ("time_to_first_token", "p99"),
+    "e2e": ("request_latency", "mean"), "e2e_p50": ("request_latency", "median"),
+    "e2e_p90": ("request_latency", "p90"), "e2e_p99": ("request_latency", "p99"),
     "itl": ("inter_token_latency", "mean"), "itl_p90": ("inter_token_latency", "p90"),
     "itl_p99": ("inter_token_latency", "p99"), "stream_tpot": ("time_per_output_token", "mean"),
 }

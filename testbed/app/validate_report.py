@@ -94,7 +94,7 @@ def _table(df: pd.DataFrame, metrics: tuple[str, ...], fmt=_ms, stage_cols: bool
 def markdown(df: pd.DataFrame, whole: pd.DataFrame, report: dict) -> str:
     lines = ["### Per stage: mean TTFT, E2E and TPOT ((E2E - TTFT) / (output tokens - 1))", ""]
     lines += _table(df, FIT_METRICS)
-    lines += ["", "### Per stage: the client's p90 and p99", ""]
+    lines += ["", "### Per stage: the client's p50, p90 and p99", ""]
     lines += _table(df, TAILS)
     lines += ["", "### Per stage: inter-token latency as the load generator defines it "
               "(every gap between stamped stream messages, testbed/app/inference_perf.py)", ""]

@@ -13,7 +13,7 @@ shared-prefix prompt groups in their cycling order, the stage rates and duration
 lengths); every other key (GPU, cost model, front end, policy, KV) is this command's config. Per load
 stage, and over the whole run where the run has its summary, it compares what the load generator
 measured with the same figures of the simulated run, defined as the load generator defines them
-(`testbed.app.inference_perf`): mean, p90 and p99 of TTFT and E2E, TPOT derived as the runs' README
+(`testbed.app.inference_perf`): mean, median, p90 and p99 of TTFT and E2E, TPOT derived as the runs' README
 says, (mean E2E - mean TTFT) / (output_len - 1), and the client's inter-token latency (mean, p90, p99).
 Overloaded stages (`Stage.overloaded`) are shown, with whether the simulator also saturates, but not
 scored.
