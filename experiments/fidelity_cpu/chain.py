@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -52,7 +51,6 @@ def main(argv: list[str] | None = None) -> None:
         print(t.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
         held = t.dropna(subset=["target"])
         print(f"within target: {int(held.within.sum())} of {len(held)} latencies")
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def with_spec_decode(cost: CostModel, cfg: DictConfig, model: ModelSpec, hw: Har
                      build_kernels: Callable[[DictConfig, ModelSpec, HardwareSpec], CostModel]) -> CostModel:
     """`cost` with drafting added when spec_decode.method is not none (else `cost` itself). `parallel`:
     the run's ParallelSpec; `build_kernels`: how the run builds a measured-kernel model (passed in by
-    testbed.app.run, which imports this module)."""
+    testbed.app.run_setup, which imports this module)."""
     sd = cfg.get("spec_decode")
     if sd is None or sd.method == "none":
         return cost
