@@ -6,6 +6,7 @@ bf16 one, so fp8 holds floor(2 free / B) = 2 floor(free / B) or that plus one bl
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -28,8 +29,13 @@ def config(*overrides):
         return compose("config", overrides=list(overrides))
 
 
+@functools.lru_cache(maxsize=None)
+def _hardware_preset(name: str) -> tuple:
+    return tuple(config(f"hardware={name}").hardware.items())  # one Hydra compose per preset, not per example
+
+
 def hardware(name: str) -> HardwareSpec:
-    return HardwareSpec(**config(f"hardware={name}").hardware)
+    return HardwareSpec(**dict(_hardware_preset(name)))
 
 
 def model(name: str = "llama3_1_8b", **kw) -> ModelSpec:
