@@ -45,6 +45,12 @@ from vllm_ported_scenarios import SCENARIOS, prompt_tokens, rle
 # (steps as [(repeat, {request: tokens})] runs of equal consecutive steps,
 #  {step: [requests preempted]}, {step: {request admitted: prefix-cache hit tokens}})
 EXPECTED = {
+    'threshold_unchunked': (
+        [(1, {'short': 100, 'long': 256}), (2, {'short': 1, 'long': 256}), (1, {'short': 1, 'long': 232}),
+         (3, {'short': 1, 'long': 1}), (1, {'short': 1})],
+        {},
+        {0: {'short': 0, 'long': 0}},
+    ),
     'schedule_apc_off': (
         [(1, {'0': 10, '1': 10, '2': 10, '3': 10, '4': 10, '5': 10, '6': 10, '7': 10, '8': 10, '9': 10}),
          (15, {'0': 1, '1': 1, '2': 1, '3': 1, '4': 1, '5': 1, '6': 1, '7': 1, '8': 1, '9': 1})],
@@ -389,6 +395,15 @@ def test_schedule_order_unchunked():
     does not fit the 224 tokens left and blocks the queue (FCFS): the short prompts behind it are
     not scheduled early (1 new request, as upstream asserts)."""
     check("order_unchunked")
+
+
+def test_threshold_caps_the_chunk_before_the_no_chunking_check():
+    """Chunked prefill off, long_prefill_token_threshold=256, a 1024-token budget: a 100-token and a
+    1000-token prompt arrive together. vLLM 0.32 caps the long one to 256 before its no-chunking check
+    (scheduler.py L1155-1167), so it is admitted beside the short one at once and runs 256, 256, 256,
+    232. Ours had compared the whole 1000 tokens with the 924 left, stalled the queue a step, and on a
+    whole trace (issue 24) matched 37% of vLLM's steps."""
+    check("threshold_unchunked")
 
 
 def test_max_num_seqs_caps_the_batch():

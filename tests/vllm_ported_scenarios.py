@@ -77,6 +77,13 @@ SCENARIOS = {
     "order_unchunked": _scenario(
         dict(max_num_batched_tokens=1024, max_model_len=1024, max_num_seqs=3, enable_chunked_prefill=False),
         _distinct(2, 800, 16, ids=["1", "2"]) + _distinct(2, 10, 16, first_id=2, ids=["3", "4"])),
+    # without chunked prefill but with long_prefill_token_threshold: the threshold caps the 1000-token prompt to
+    # 256 before the no-chunking check (vLLM 0.32 scheduler.py L1155-1167), so it is admitted beside the short one
+    # in the first step and goes on in 256-token pieces (issue 24: ours had compared the whole prompt and stalled)
+    "threshold_unchunked": _scenario(
+        dict(max_num_batched_tokens=1024, max_model_len=1024, long_prefill_token_threshold=256,
+             enable_chunked_prefill=False),
+        _distinct(1, 100, 8, ids=["short"]) + _distinct(1, 1000, 4, first_id=1, ids=["long"])),
     # upstream test_priority_scheduling_with_limited_slots, FCFS: max_num_seqs=2 caps the batch
     "limited_slots": _scenario(
         dict(max_num_seqs=2, max_num_batched_tokens=1000, max_model_len=1000), _distinct(4, 10, 16)),

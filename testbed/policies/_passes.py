@@ -124,9 +124,12 @@ def admit(view, plan: Plan, candidates: Iterable[RequestState], b: StepBudget, c
             want = s.known_len - hit * bs
         else:
             want = view.num_new_tokens(s)
-        if want > b.tokens and not chunked and want <= view.token_budget:
+        # the threshold caps the chunk before the no-chunking check (vLLM 0.32 scheduler.py L1155-1167), so
+        # without chunked prefill a long prompt is still admitted in threshold-sized pieces
+        chunk = min(want, cap) if cap else want
+        if chunk > b.tokens and not chunked and chunk <= view.token_budget:
             break
-        n = min(want, b.tokens, cap or b.tokens)
+        n = min(chunk, b.tokens)
         if fresh:
             held = hit - len(revive)  # hit blocks already off the free queue
             need = -(-(hit * bs + n) // bs) - held

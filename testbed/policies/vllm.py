@@ -21,7 +21,9 @@ Rule, per step, under a token budget:
    known sequence are free (`allocate_slots(full_sequence_must_fit=...)`, L1270 and
    kv_cache_manager.py L522-538), though it takes only its chunk's. With
    `chunked_prefill=false`, a prompt that does not fit in the remaining budget waits and
-   blocks the queue (L1160-1167); one longer than the whole budget is still chunked.
+   blocks the queue (L1160-1167); one longer than the whole budget is still chunked. The
+   threshold caps the chunk before that check (L1155-1156), so a long prompt is admitted in
+   threshold-sized pieces even then.
 The KV rules (every full block cached when scheduled, LRU free queue, null block) are the
 BlockManager's (testbed/core/kv.py). Not modelled: async scheduling, speculative decoding,
 encoders, LoRA, KV connectors, pipeline parallelism.
