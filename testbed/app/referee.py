@@ -11,7 +11,9 @@ logged), then runs the testbed's step loop with policy `vllm` in lockstep with i
 request reaches the loop before the step it reached vLLM before, and each step starts and
 ends when vLLM's did, so timing cannot explain a difference and only decisions are compared.
 vLLM's scheduler settings come from the same `policy.*` knobs (chunked prefill, long-prefill
-threshold, whole-sequence admission gate) and KV capacity from vLLM's own block pool.
+threshold, whole-sequence admission gate) and KV capacity from vLLM's own block pool;
+`policy=vllm_priority` is refereed against `--scheduling-policy priority`, each request handed
+to vLLM with the trace's priority.
 
 Per step it compares the {request: tokens} decided and the requests preempted, and reports
 the steps compared, the steps identical, the first divergent step with both decisions side
@@ -43,6 +45,9 @@ from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
 from testbed.core.request import Request, Status
 
 log = logging.getLogger("testbed.app.referee")
+
+# our policies and the vLLM scheduler settings they model (testbed.app.vllm_run.native_settings)
+REFEREED = ("vllm", "vllm_priority")
 
 METRICS = ["completed", "num_preemptions", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
            "median_e2el_ms", "p99_e2el_ms", "request_throughput", "output_throughput", "prefix_cache_hit_rate"]
@@ -144,8 +149,8 @@ def lockstep(decisions, delivered: list[tuple[float, Request]], loop: StepLoop,
 
 
 def lockstep_loop(cfg: DictConfig, setup, num_blocks: int, block_size: int) -> StepLoop:
-    """The `vllm` policy's step loop on a cache shaped as vLLM's (its usable blocks, its block size)."""
-    return StepLoop(make_policy("vllm", **setup.knobs), BlockManager(num_blocks, block_size, cfg.kv.enable_prefix_caching),
+    """The refereed policy's step loop on a cache shaped as vLLM's (its usable blocks, its block size)."""
+    return StepLoop(make_policy(cfg.policy.name, **setup.knobs), BlockManager(num_blocks, block_size, cfg.kv.enable_prefix_caching),
                     SchedulerLimits(setup.limits.max_num_batched_tokens, setup.limits.max_num_seqs,
                                     setup.limits.max_model_len), record_token_times=cfg.output.record_token_times)
 
@@ -254,9 +259,10 @@ def run_referee(cfg: DictConfig, out: str | Path, command: str = "") -> dict:
     from testbed.app.run import run_info
     from testbed.app.vllm_run import replay_on_vllm
 
-    if cfg.policy.name != "vllm":
+    if cfg.policy.name not in REFEREED:
         raise ValueError(f"policy={cfg.policy.name}: the referee checks the testbed's `vllm` policy against vLLM's "
-                         "own scheduler; run it with policy=vllm (its knobs configure both sides)")
+                         "own scheduler (`vllm_priority` against its --scheduling-policy priority); run it with "
+                         "policy=vllm or policy=vllm_priority (its knobs configure both sides)")
     cfg = without_frontend(cfg, "testbed-referee").copy()
     with open_dict(cfg):
         cfg.backend.name, cfg.backend.scheduler = "vllm", "native"

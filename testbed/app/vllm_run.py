@@ -21,13 +21,15 @@ log = logging.getLogger("testbed")
 
 
 def native_settings(policy: str, knobs: dict) -> dict:
-    """vLLM's own scheduler settings from the `vllm` policy's knobs, so that `policy.*` configures
-    native vLLM as it configures the testbed's model of it; vLLM's defaults for any other policy."""
-    if policy != "vllm":
+    """vLLM's own scheduler settings from the `vllm` (or `vllm_priority`: `--scheduling-policy priority`)
+    policy's knobs, so that `policy.*` configures native vLLM as it configures the testbed's model of it;
+    vLLM's defaults for any other policy."""
+    if policy not in ("vllm", "vllm_priority"):
         return {}
     return {"enable_chunked_prefill": knobs.get("chunked_prefill", True),
             "long_prefill_token_threshold": knobs.get("long_prefill_token_threshold", 0),
-            "scheduler_reserve_full_isl": knobs.get("reserve_full_isl", True)}
+            "scheduler_reserve_full_isl": knobs.get("reserve_full_isl", True),
+            "scheduling_policy": "priority" if policy == "vllm_priority" else "fcfs"}
 
 
 def replay_on_vllm(cfg: DictConfig, stop: Callable[[], bool] | None = None,

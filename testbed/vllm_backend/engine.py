@@ -33,6 +33,7 @@ class EngineSettings:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     scheduler_reserve_full_isl: bool = True
+    scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy: "priority" for the testbed's `vllm_priority`
 
 
 def build_engine(settings: EngineSettings, log: SchedulerLog, scheduler_cls=None):
@@ -54,6 +55,7 @@ def build_engine(settings: EngineSettings, log: SchedulerLog, scheduler_cls=None
                       enable_chunked_prefill=settings.enable_chunked_prefill,
                       long_prefill_token_threshold=settings.long_prefill_token_threshold,
                       scheduler_reserve_full_isl=settings.scheduler_reserve_full_isl,
+                      scheduling_policy=settings.scheduling_policy,
                       num_gpu_blocks_override=settings.num_blocks,
                       # on a GPU vLLM sizes the cache from gpu_memory_utilization, as it always does
                       kv_cache_memory_bytes=settings.kv_cache_bytes if current_platform.is_cpu() else None,

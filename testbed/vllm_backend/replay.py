@@ -117,7 +117,8 @@ class VLLMReplay(WallClockReplay):
             s.status, s.reject_reason, s.finish_time = Status.REJECTED, reason, now
             return
         internal = self.engine.add_request(str(req.id), {"prompt_token_ids": self.prompt_tokens(req)},
-                                           sampling_params(req))
+                                           sampling_params(req),
+                                           priority=req.priority)  # read under --scheduling-policy priority only
         self.by_id[internal] = self.by_id[str(req.id)] = s
         self.live[req.id] = s
 
