@@ -40,14 +40,12 @@ from testbed.app.cli import CONF_DIR
 from testbed.app.frontend import without_frontend
 from testbed.app.plugins import make_policy
 from testbed.app.validate import check_config
+from testbed.app.vllm_run import NATIVE_POLICIES
 from testbed.core.kv import BlockManager
 from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
 from testbed.core.request import Request, Status
 
 log = logging.getLogger("testbed.app.referee")
-
-# our policies and the vLLM scheduler settings they model (testbed.app.vllm_run.native_settings)
-REFEREED = ("vllm", "vllm_priority")
 
 METRICS = ["completed", "num_preemptions", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
            "median_e2el_ms", "p99_e2el_ms", "request_throughput", "output_throughput", "prefix_cache_hit_rate"]
@@ -150,7 +148,8 @@ def lockstep(decisions, delivered: list[tuple[float, Request]], loop: StepLoop,
 
 def lockstep_loop(cfg: DictConfig, setup, num_blocks: int, block_size: int) -> StepLoop:
     """The refereed policy's step loop on a cache shaped as vLLM's (its usable blocks, its block size)."""
-    return StepLoop(make_policy(cfg.policy.name, **setup.knobs), BlockManager(num_blocks, block_size, cfg.kv.enable_prefix_caching),
+    return StepLoop(make_policy(cfg.policy.name, **setup.knobs),
+                    BlockManager(num_blocks, block_size, cfg.kv.enable_prefix_caching),
                     SchedulerLimits(setup.limits.max_num_batched_tokens, setup.limits.max_num_seqs,
                                     setup.limits.max_model_len), record_token_times=cfg.output.record_token_times)
 
@@ -259,7 +258,7 @@ def run_referee(cfg: DictConfig, out: str | Path, command: str = "") -> dict:
     from testbed.app.run import run_info
     from testbed.app.vllm_run import replay_on_vllm
 
-    if cfg.policy.name not in REFEREED:
+    if cfg.policy.name not in NATIVE_POLICIES:
         raise ValueError(f"policy={cfg.policy.name}: the referee checks the testbed's `vllm` policy against vLLM's "
                          "own scheduler (`vllm_priority` against its --scheduling-policy priority); run it with "
                          "policy=vllm or policy=vllm_priority (its knobs configure both sides)")

@@ -20,11 +20,16 @@ from testbed.vllm_backend import require_vllm
 log = logging.getLogger("testbed")
 
 
+# the policies that model vLLM's own scheduler: native vLLM takes its settings from their knobs, and
+# testbed-referee checks them against it
+NATIVE_POLICIES = ("vllm", "vllm_priority")
+
+
 def native_settings(policy: str, knobs: dict) -> dict:
     """vLLM's own scheduler settings from the `vllm` (or `vllm_priority`: `--scheduling-policy priority`)
     policy's knobs, so that `policy.*` configures native vLLM as it configures the testbed's model of it;
     vLLM's defaults for any other policy."""
-    if policy not in ("vllm", "vllm_priority"):
+    if policy not in NATIVE_POLICIES:
         return {}
     return {"enable_chunked_prefill": knobs.get("chunked_prefill", True),
             "long_prefill_token_threshold": knobs.get("long_prefill_token_threshold", 0),
