@@ -2,7 +2,7 @@
 # The GPU measurements, in one device call (README.md beside this file).
 #
 #   bash experiments/gpu/run.sh prepare          # here, with PyPI: the wheels the device lacks -> .wheels/
-#   bash experiments/gpu/run.sh all              # on the device: setup, tests, bench, profile, fidelity
+#   bash experiments/gpu/run.sh all              # on the device: setup, tests, bench, physics, profile, fidelity
 #   bash experiments/gpu/run.sh all --dry-run    # the same path on a CPU, tiny shapes, in a copy of the
 #                                                # device's Python environment (CI runs it; DRY_RUN=1 too)
 #
@@ -13,7 +13,8 @@
 # the results and logs go to $OUT when set, as at most 8 files: summary.md, results.tar.gz (the whole
 # results folder) and the main files beside it. Exit status: 0 when every stage passed.
 #
-# One stage alone (after `setup`, which sets up $GPU_SITE): run.sh setup | tests | bench | profile | fidelity.
+# One stage alone (after `setup`, which sets up $GPU_SITE): run.sh setup | tests | bench | physics | profile |
+# fidelity.
 # Settings (environment): GPU_MODEL (llama3_1_8b) for profile and fidelity, GPU_BENCH_MODEL (llama3_8b),
 # GPU_RUN_BUDGET_S (450), GPU_RESULTS (experiments/gpu/results_<gpu>), GPU_SITE (/tmp/testbed_site),
 # PY (python3: the device's Python, the one holding torch).
@@ -118,6 +119,16 @@ stage_bench() {
   "$PY" -m testbed.app.bench "${args[@]}"
 }
 
+stage_physics() {
+  # issue 23's open step-time candidates, timed with plain torch (experiments/kernel_physics/README.md): the
+  # GEMM shapes between the kernel tables' grid points beside the tables' price (candidate 8), then vLLM
+  # 0.15.1's sampler sequence over large vocabularies (candidate 1)
+  local g=() s=(--batches 1 16 64 128 --vocabs 32000 128256 152064 --iters 20)
+  [ "$DRY" = 1 ] && g=(--device cpu --small) && s=(--device cpu --batches 2 --vocabs 1000 --iters 2)
+  "$PY" experiments/kernel_physics/gemm_gpu_bench.py --out "$RES/gemm_gap.csv" "${g[@]}" || return 1
+  "$PY" experiments/kernel_physics/sampler_gpu_bench.py --out "$RES/sampler.csv" "${s[@]}"
+}
+
 stage_profile() {
   # A reduced grid: about 85 points of the full grid's kinds (decode batches to 256, chunks to 8192);
   # its time on a GPU is unmeasured (the stage's cap bounds it)
@@ -151,9 +162,9 @@ stage_fidelity() {
 
 # ---------------------------------------------------------------------------------------------------
 # `all`: the stages under one budget, a summary, and the files for $OUT.
-STAGES=(setup tests bench profile fidelity)
+STAGES=(setup tests bench physics profile fidelity)
 CURRENT="" STAGE_PID=""
-declare -A CAP=([setup]=60 [tests]=120 [bench]=120 [profile]=150 [fidelity]=600)
+declare -A CAP=([setup]=60 [tests]=120 [bench]=120 [physics]=60 [profile]=150 [fidelity]=600)
 declare -A STATUS SECS
 FINISHED=0
 
@@ -210,6 +221,7 @@ write_summary() {
       case $name in
         tests) wrote="tests.log" ;;
         bench) wrote="bench.md" ;;
+        physics) wrote="gemm_gap.csv" ;;
         profile) wrote="profile_$MODEL.csv" ;;
         fidelity) wrote="fidelity_$MODEL/" ;;
       esac
@@ -221,6 +233,10 @@ write_summary() {
       grep -E "^(== |[0-9]+ (passed|failed|skipped)|FAILED|ERROR|SKIPPED)" "$RES/tests.log"; echo '```'
     fi
     [ -f "$RES/bench.md" ] && { echo; echo "## bench"; echo; cat "$RES/bench.md"; }
+    local f
+    for f in gemm_gap.csv sampler.csv; do
+      [ -f "$RES/$f" ] && { echo; echo "## physics: $f"; echo; echo '```'; cat "$RES/$f"; echo '```'; }
+    done
     if [ -f "$RES/logs/profile.log" ]; then
       echo; echo "## profile"; echo; echo '```'; grep -E "^(profile:|fitted|no cost model)" "$RES/logs/profile.log"; echo '```'
     fi
@@ -311,8 +327,8 @@ all() {
 case "$cmd" in
   prepare) prepare ;;
   all) all ;;
-  setup|tests|bench|profile|fidelity)
+  setup|tests|bench|physics|profile|fidelity)
     RES=${RES:-${GPU_RESULTS:-$HERE/results_$(gpu_name)}}; mkdir -p "$RES/logs"
     "stage_$cmd" ;;
-  *) echo "usage: run.sh prepare | all [--dry-run] | setup | tests | bench | profile | fidelity" >&2; exit 2 ;;
+  *) echo "usage: run.sh prepare | all [--dry-run] | setup | tests | bench | physics | profile | fidelity" >&2; exit 2 ;;
 esac
