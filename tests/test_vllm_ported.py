@@ -45,6 +45,33 @@ from vllm_ported_scenarios import SCENARIOS, prompt_tokens, rle
 # (steps as [(repeat, {request: tokens})] runs of equal consecutive steps,
 #  {step: [requests preempted]}, {step: {request admitted: prefix-cache hit tokens}})
 EXPECTED = {
+    'async_limited_slots': (
+        [(1, {'0': 10, '1': 10}), (15, {'0': 1, '1': 1}), (1, {}), (1, {'2': 10, '3': 10}), (15, {'2': 1, '3': 1})],
+        {},
+        {0: {'0': 0, '1': 0}, 17: {'2': 0, '3': 0}},
+    ),
+    'async_limited_slots_staggered': (
+        [(1, {'0': 10, '1': 10}), (7, {'0': 1, '1': 1}), (1, {'1': 1}), (1, {'1': 1, '2': 10}), (3, {'1': 1, '2': 1}),
+         (3, {'1': 1})],
+        {},
+        {0: {'0': 0, '1': 0}, 9: {'2': 0}},
+    ),
+    'async_kv_held': (
+        [(1, {'0': 60, '1': 60}), (4, {'0': 1, '1': 1}), (1, {}), (1, {'1': 65}), (24, {'1': 1}), (1, {}),
+         (1, {'2': 60}), (3, {'2': 1})],
+        {5: ['1']},
+        {0: {'0': 0, '1': 0}, 6: {'1': 0}, 32: {'2': 0}},
+    ),
+    'async_finishing_victim': (
+        [(1, {'0': 60, '1': 60}), (4, {'0': 1, '1': 1}), (35, {'0': 1})],
+        {5: ['1']},
+        {0: {'0': 0, '1': 0}},
+    ),
+    'async_arrival': (
+        [(1, {'0': 10}), (2, {'0': 1}), (1, {'0': 1, '1': 10}), (2, {'0': 1, '1': 1})],
+        {},
+        {0: {'0': 0}, 3: {'1': 0}},
+    ),
     'threshold_unchunked': (
         [(1, {'short': 100, 'long': 256}), (2, {'short': 1, 'long': 256}), (1, {'short': 1, 'long': 232}),
          (3, {'short': 1, 'long': 1}), (1, {'short': 1})],
@@ -314,6 +341,7 @@ def run_ours(name: str):
         return plan
     policy.schedule = schedule
     loop = StepLoop(policy, kv, SchedulerLimits(c["max_num_batched_tokens"], c["max_num_seqs"], c["max_model_len"]))
+    loop.async_scheduling = c.get("async_scheduling", False)
     names, arrivals = {}, []
     for i, (rid, runs, max_tokens, arrive) in enumerate(sc["requests"]):
         tokens = prompt_tokens(runs)
@@ -347,8 +375,10 @@ def run_ours(name: str):
                 admitted[step] = adm
         if batch is not None:
             loop.complete(batch, step + 0.5)
-        kv.check_invariants(loop.live.values())
+        kv.check_invariants([*loop.live.values(), *loop.finishing])
         step += 1
+    while steps and not steps[-1]:  # as vLLM's record (async: the schedules while the last outputs drain)
+        steps.pop()
     return (rle(steps), preempted, admitted), loop
 
 
@@ -404,6 +434,43 @@ def test_threshold_caps_the_chunk_before_the_no_chunking_check():
     232. Ours had compared the whole 1000 tokens with the 924 left, stalled the queue a step, and on a
     whole trace (issue 24) matched 37% of vLLM's steps."""
     check("threshold_unchunked")
+
+
+# --- async scheduling (vLLM's default since 0.14) -------------------------------------------------
+# EngineCore.step_with_batch_queue schedules step N+1 before step N's outputs are back (ported_scenarios_real.py
+# drives vLLM's AsyncScheduler in that order): a request that finished in step N is still running in that
+# schedule, skipped (scheduler.py L664-676) but holding its seat and KV blocks, and freed after it.
+def test_async_a_finished_request_holds_its_seat_one_schedule():
+    """max_num_seqs=2, four 10-token requests of 16 tokens: the first two finish in step 15; the schedule of
+    step 16 still counts them (nothing is scheduled), and the other two are admitted in step 17, where a
+    synchronous vLLM admits them in step 16 (`limited_slots`)."""
+    check("async_limited_slots")
+
+
+def test_async_a_waiting_request_is_admitted_a_step_later():
+    """'0' finishes in step 7 while '1' runs on: the waiting '2' is admitted in step 9, not 8."""
+    check("async_limited_slots_staggered")
+
+
+def test_async_a_finished_request_holds_its_blocks_and_forces_a_preemption():
+    """8 blocks: '0' (5 tokens) finishes in step 4 with its 4 blocks still held in the schedule of step 5,
+    so '1', needing a 5th block, preempts itself (the newest running request); it is re-admitted in step 6
+    with its 65 tokens recomputed. Synchronously '0' is freed first and nothing is preempted."""
+    check("async_kv_held")
+
+
+def test_async_a_finished_request_can_be_the_victim():
+    """'1' (5 tokens), admitted after '0', finishes in step 4 and is still the newest running request in the
+    schedule of step 5: when '0' needs a block, vLLM preempts '1' (scheduler.py L834), freeing its blocks at
+    once; it still finishes with its last token."""
+    loop = check("async_finishing_victim")
+    assert [s.num_preemptions for s in loop.states] == [0, 1]
+
+
+def test_async_arrivals_in_step_order():
+    """A request added before the schedule of step 3 is scheduled in step 3 (the arrival's own lag is the
+    simulator's, in time: testbed/sim/simulation.py)."""
+    check("async_arrival")
 
 
 def test_max_num_seqs_caps_the_batch():

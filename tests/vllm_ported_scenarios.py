@@ -84,6 +84,27 @@ SCENARIOS = {
         dict(max_num_batched_tokens=1024, max_model_len=1024, long_prefill_token_threshold=256,
              enable_chunked_prefill=False),
         _distinct(1, 100, 8, ids=["short"]) + _distinct(1, 1000, 4, first_id=1, ids=["long"])),
+    # async scheduling (vLLM's default since 0.14): the next step is scheduled before the last one's outputs
+    # are back, so a request finishing in step N still holds its seat and its KV blocks in the schedule of
+    # step N+1, where it is skipped (vLLM 0.32 scheduler.py L664-676), and is freed only after it
+    "async_limited_slots": _scenario(
+        dict(max_num_batched_tokens=1000, max_model_len=1000, max_num_seqs=2, async_scheduling=True),
+        _distinct(4, 10, 16)),
+    "async_limited_slots_staggered": _scenario(
+        dict(max_num_batched_tokens=1000, max_model_len=1000, max_num_seqs=2, async_scheduling=True),
+        _distinct(1, 10, 8) + _distinct(1, 10, 16, first_id=1) + _distinct(1, 10, 4, arrive=2, first_id=2)),
+    "async_kv_held": _scenario(
+        dict(num_blocks=8, max_num_batched_tokens=256, max_model_len=256, enable_prefix_caching=False,
+             async_scheduling=True),
+        _distinct(1, 60, 5) + _distinct(1, 60, 30, first_id=1) + _distinct(1, 60, 4, arrive=2, first_id=2)),
+    # ... and may be the victim: the newest running request, finished in the step before, is preempted (its
+    # blocks freed at once) when the long one needs a block, where a synchronous vLLM had freed it already
+    "async_finishing_victim": _scenario(
+        dict(num_blocks=8, max_num_batched_tokens=256, max_model_len=256, enable_prefix_caching=False,
+             async_scheduling=True),
+        _distinct(1, 60, 40) + _distinct(1, 60, 5, first_id=1)),
+    "async_arrival": _scenario(
+        dict(async_scheduling=True), _distinct(1, 10, 6) + _distinct(1, 10, 3, arrive=3, first_id=1)),
     # upstream test_priority_scheduling_with_limited_slots, FCFS: max_num_seqs=2 caps the batch
     "limited_slots": _scenario(
         dict(max_num_seqs=2, max_num_batched_tokens=1000, max_model_len=1000), _distinct(4, 10, 16)),

@@ -57,6 +57,7 @@ def tiny_model_dir() -> str:
 def make_scheduler(cfg: dict, model_dir: str, policy: str = "fcfs"):
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
@@ -72,7 +73,7 @@ def make_scheduler(cfg: dict, model_dir: str, policy: str = "fcfs"):
         long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
         enable_chunked_prefill=cfg["enable_chunked_prefill"],
         scheduler_reserve_full_isl=cfg["reserve_full_isl"],
-        async_scheduling=False,
+        async_scheduling=cfg.get("async_scheduling", False),
         is_encoder_decoder=False,
         policy=policy,
     )
@@ -86,7 +87,8 @@ def make_scheduler(cfg: dict, model_dir: str, policy: str = "fcfs"):
                                                                        dtype=torch.float32))],
     )
     cache_config.num_gpu_blocks = num_blocks
-    sched = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+    cls = AsyncScheduler if cfg.get("async_scheduling") else Scheduler  # SchedulerConfig.get_scheduler_cls
+    sched = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                       structured_output_manager=StructuredOutputManager(vllm_config),
                       block_size=bs, hash_block_size=bs, log_stats=True)
     # what the scheduler actually runs with (a config post-init must not have changed them)
@@ -122,6 +124,8 @@ def run_scenario(sc: dict, model_dir: str, prompt_tokens) -> dict:
     steps, preempted, admitted = [], {}, {}
     step = 0
     waiting_status = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+    if cfg.get("async_scheduling"):
+        return run_async(sc, sched, reqs, policy)
     while True:
         for rid, _, _, arrive in sc["requests"]:
             if arrive == step:
@@ -148,6 +152,64 @@ def run_scenario(sc: dict, model_dir: str, prompt_tokens) -> dict:
                                                         sampled_token_ids=sampled, logprobs=None,
                                                         prompt_logprobs_dict={}, pooler_output=[]))
         step += 1
+    free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+    return dict(steps=load_scenarios().rle(steps), preempted=preempted, admitted=admitted, free_blocks_at_end=free)
+
+
+def run_async(sc: dict, sched, reqs: dict, policy: str) -> dict:
+    """The scenario under async scheduling: EngineCore.step_with_batch_queue (vllm/v1/engine/core.py
+    L698-800) with its queue of two batches schedules a batch while the previous one is in flight and only
+    then takes that one's output (update_from_output). A request is added before the schedule() call
+    numbered by its arrive_step; a call with nothing to schedule and nothing in flight is an empty step,
+    as in the synchronous run."""
+    from collections import deque
+
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import RequestStatus
+
+    waiting_status = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+    steps, preempted, admitted = [], {}, {}
+    queue = deque()
+    last = max(r[3] for r in sc["requests"])
+    step = 0
+    while True:
+        for rid, _, _, arrive in sc["requests"]:
+            if arrive == step:
+                sched.add_request(reqs[rid])
+        if step > last and sched.get_num_unfinished_requests() == 0 and not queue:
+            break
+        if step > 500:
+            raise RuntimeError("scenario does not finish")
+        if sched.has_requests():
+            running_before = {r.request_id for r in sched.running}
+            waiting_before = {rid for rid, r in reqs.items() if r.status in waiting_status and rid in sched.requests}
+            out = sched.schedule()
+            n = dict(out.num_scheduled_tokens)
+            steps.append(tuple(n.items()) if policy == "priority" else n)
+            pre = sorted(rid for rid in running_before if reqs[rid].status == RequestStatus.PREEMPTED)
+            if pre:
+                preempted[step] = pre
+            adm = {rid: reqs[rid].num_computed_tokens - n[rid] for rid in n if rid in waiting_before}
+            if adm:
+                admitted[step] = adm
+            ids = list(n)
+            # a token for each request whose scheduled tokens reach its known ones (the placeholder of a step
+            # in flight is computed, not known: vllm/v1/request.py num_tokens)
+            sampled = [[SAMPLED_TOKEN] if reqs[rid].num_computed_tokens >= reqs[rid].num_tokens else [] for rid in ids]
+            queue.appendleft((out, ids, sampled))
+            step += 1
+            if len(queue) < 2 and (out.total_num_scheduled_tokens > 0 or sched.has_requests()):
+                continue
+        elif not queue:
+            steps.append({} if policy != "priority" else ())
+            step += 1
+            continue
+        out, ids, sampled = queue.pop()
+        sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                                        sampled_token_ids=sampled, logprobs=None,
+                                                        prompt_logprobs_dict={}, pooler_output=[]))
+    while steps and not steps[-1]:  # the schedules that run while the last outputs drain decide nothing
+        steps.pop()
     free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
     return dict(steps=load_scenarios().rle(steps), preempted=preempted, admitted=admitted, free_blocks_at_end=free)
 

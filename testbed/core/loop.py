@@ -22,7 +22,7 @@ from testbed.core.request import Request, RequestState, Status
 from testbed.core.spec_decode import Drafter
 from testbed.core.view import SchedulerView
 
-_WAITING, _RUNNING, _SWAPPED = Status.WAITING, Status.RUNNING, Status.SWAPPED
+_WAITING, _RUNNING, _SWAPPED, _FINISHED = Status.WAITING, Status.RUNNING, Status.SWAPPED, Status.FINISHED
 _state_of = itemgetter(0)  # of a plan's (request, tokens) item
 
 
@@ -118,6 +118,14 @@ class StepLoop:
         # prompts whose KV is on its way (by request id)
         self.hold_finished_kv = False
         self.receiving: dict[int, RequestState] = {}
+        # vLLM's async scheduling (the backend sets it; the rule applies to a policy that models vLLM's
+        # scheduler, `models_async_scheduling`): step N+1 is scheduled before step N's outputs are back, so a
+        # request that finished in step N is still in the running set then, skipped but holding its seat
+        # and its KV blocks, and is freed only after that schedule (vllm/v1/engine/core.py
+        # step_with_batch_queue L698-800; scheduler.py L664-676 skips it; update_from_output frees it)
+        self.async_scheduling = False
+        self.models_async = bool(getattr(policy, "models_async_scheduling", False))
+        self.finishing: list[RequestState] = []  # finished in the last step, freed after the next schedule
 
     # --- arrivals ---------------------------------------------------------------------
     def arrive(self, req: Request, now: float) -> RequestState:
@@ -204,14 +212,18 @@ class StepLoop:
             shape.swap_blocks = swap_blocks
             swap_out, swap_in, admitted = self._apply(plan, shape, now, swap_out)
             preempted += len(plan.preempt)
+            freed = bool(self.finishing)
+            if freed:  # the outputs of the step before come back after this schedule: vLLM frees its finished
+                self._free_finishing()
             if plan.items:
                 break
-            if not plan.preempt:
+            if not plan.preempt and not freed:
                 self._pending_swaps = (swap_out, shape.swap_blocks)
                 self._preempted = preempted
                 return None
-            # The preemptions changed what the policy sees: ask again now rather than wait
-            # for an arrival. Each round preempts at least one running request, so this
+            # The preemptions (or the seats and blocks the step before's finished requests held until
+            # now: an empty schedule of its own in vLLM) changed what the policy sees: ask again now rather
+            # than wait for an arrival. Each round preempts at least one running request, so this
             # ends. A loop, not a recursion: a policy may preempt one request a round with
             # a thousand running, past Python's recursion limit.
             swap_blocks = shape.swap_blocks
@@ -238,7 +250,7 @@ class StepLoop:
         admitted."""
         swap_in = None
         for s, mode in plan.preempt:
-            if mode != RECOMPUTE:
+            if mode != RECOMPUTE and s.status is not _FINISHED:
                 swap_out = swap_out or []
                 swap_out.append((s, list(s.blocks)))
             self._preempt(s, mode, shape)
@@ -425,7 +437,9 @@ class StepLoop:
             self._after_finish(batch, end)
 
     def _finish(self, s: RequestState, now: float) -> None:
-        if not self.hold_finished_kv:
+        if self.async_scheduling and self.models_async:
+            self.finishing.append(s)  # its seat and blocks are held until after the next schedule
+        elif not self.hold_finished_kv:
             self.kv.free(s, finished=True)
         if self.drafter is not None:
             self.drafter.forget(s)
@@ -434,12 +448,26 @@ class StepLoop:
         del self.live[s.req.id]
 
     def _after_finish(self, batch: Batch, now: float) -> None:
-        self.running = [s for s in self.running if s.status is _RUNNING]
+        if self.finishing:
+            if not self.live:  # nothing else to schedule: vLLM's next schedule is empty and the outputs free them
+                self._free_finishing()
+            # else they keep their place in the running set, skipped by the next schedule
+        else:
+            self.running = [s for s in self.running if s.status is _RUNNING]
         if self._on_finish is not None:
             self.view.now = now
             for s, _ in batch.items:
                 if s.status is Status.FINISHED and s.finish_time == now:
                     self._on_finish(s, self.view)
+
+    def _free_finishing(self) -> None:
+        """Free the requests that finished in the step before, in the order of its outputs (vLLM's
+        update_from_output frees each finished request as it reaches it), and drop them from the running set."""
+        free = self.kv.free
+        for s in self.finishing:
+            free(s, finished=True)
+        self.finishing = []
+        self.running = [s for s in self.running if s.status is _RUNNING]
 
     # --- helpers ------------------------------------------------------------------------
     def _plainly_valid(self, items: list) -> bool:
@@ -465,7 +493,8 @@ class StepLoop:
         name, live = self.policy_name, self.live
         preempted = set()
         for s, mode in plan.preempt:
-            if live.get(s.req.id) is not s or s.status is not _RUNNING:
+            finishing = s.status is _FINISHED and s in self.finishing  # still in vLLM's running set
+            if not finishing and (live.get(s.req.id) is not s or s.status is not _RUNNING):
                 raise PlanError(name, "preempt-not-running",
                                 f"request {s.req.id} is {s.status.value}, only running requests can be preempted")
             if mode not in PREEMPT_MODES:
@@ -511,6 +540,14 @@ class StepLoop:
             raise PlanError(self.policy_name, "kv-capacity", f"request {s.req.id}: {e}") from None
 
     def _preempt(self, s: RequestState, mode: str, shape: BatchShape) -> None:
+        if s.status is _FINISHED:  # finished in the step before, its outputs not back yet (async scheduling):
+            # vLLM preempts it as any running request, freeing its blocks now (_preempt_request), and its
+            # last token still arrives with those outputs, finishing it (scheduler.py L795-848)
+            self.kv.free(s, finished=True)
+            s.num_preemptions += 1
+            self.running.remove(s)
+            self.finishing.remove(s)
+            return
         if mode == RECOMPUTE:
             self.kv.free(s)
             s.num_computed = 0

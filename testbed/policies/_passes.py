@@ -15,7 +15,7 @@ from testbed.core.kv import KVPreview
 from testbed.core.plan import RECOMPUTE, SWAP, Plan
 from testbed.core.request import RequestState, Status
 
-_RUNNING = Status.RUNNING
+_RUNNING, _FINISHED = Status.RUNNING, Status.FINISHED
 
 
 def arrival_order(s: RequestState) -> tuple[float, int]:
@@ -69,6 +69,9 @@ def run_running(view, plan: Plan, order: list[RequestState], b: StepBudget, mode
     tokens, free = b.tokens, b.free_blocks
     while i < last and tokens > 0:
         s = order[i]
+        if s.status is _FINISHED:  # finished in the step before, outputs not back (async scheduling): skipped,
+            i += 1  # holding its seat and blocks (vLLM 0.32 scheduler.py L664-676); still a possible victim
+            continue
         computed = s.num_computed
         n = want(s) if want else s.req.prompt_len + s.num_generated - computed
         if n > tokens:

@@ -24,9 +24,15 @@ Rule, per step, under a token budget:
    blocks the queue (L1160-1167); one longer than the whole budget is still chunked. The
    threshold caps the chunk before that check (L1155-1156), so a long prompt is admitted in
    threshold-sized pieces even then.
+4. Under async scheduling (`backend.async_scheduling`, vLLM's default), the step is scheduled
+   before the previous step's outputs are back: a request that finished in that step is still
+   running, skipped (L664-676) but holding its seat (the L923 count) and its KV blocks, and may
+   be the victim of a preemption (L834); it is freed once that schedule is done
+   (`StepLoop.finishing`, testbed/core/loop.py). An arrival during a step reaches the schedule
+   after the next (testbed/sim/simulation.py).
 The KV rules (every full block cached when scheduled, LRU free queue, null block) are the
-BlockManager's (testbed/core/kv.py). Not modelled: async scheduling, speculative decoding,
-encoders, LoRA, KV connectors, pipeline parallelism.
+BlockManager's (testbed/core/kv.py). Not modelled: speculative decoding, encoders, LoRA, KV
+connectors, pipeline parallelism.
 """
 from __future__ import annotations
 
@@ -58,6 +64,7 @@ class VLLMKnobs(PolicyKnobs):
 class VLLMPolicy(BasePolicy):
     name = "vllm"
     Knobs = VLLMKnobs
+    models_async_scheduling = True  # the step loop applies vLLM's async-scheduling rule 4 under async scheduling
 
     def is_steady(self, view) -> bool:
         """With every running request decoding and nobody waiting, the plan repeats until

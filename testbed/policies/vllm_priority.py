@@ -28,7 +28,7 @@ Rule, per step, under a token budget:
    first that does not fit (L1275), with `vllm`'s prefix-cache, whole-sequence
    (`scheduler_reserve_full_isl`) and unchunked-prefill rules.
 Not modelled: the request-id tie-break of two waiting requests with equal (priority,
-arrival) (the testbed breaks it by its integer id); async scheduling, speculative decoding,
+arrival) (the testbed breaks it by its integer id); speculative decoding,
 encoders, LoRA, KV connectors (`kv_holding_waiting`, `_request_blocks_can_be_freed` L803-805),
 pipeline parallelism, pausing. vLLM V1 preempts by recompute only; `preemption_mode=swap` is the
 testbed's extension. A step in which vLLM preempts and schedules nothing (the first running
@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.core.plan import Plan
+from testbed.core.request import Status
 from testbed.policies._passes import StepBudget, admit, preempt
 from testbed.policies.vllm import VLLMKnobs, VLLMPolicy
 from testbed.core.policy import register
@@ -68,6 +69,9 @@ def run_running_priority(view, plan: Plan, b: StepBudget, mode: str, cap: int | 
     i = 0
     while i < len(running) and b.tokens > 0:
         s = running[i]
+        if s.status is Status.FINISHED:  # finished in the step before, outputs not back (async scheduling):
+            i += 1  # skipped, holding its seat and blocks (L664-676); still a possible victim
+            continue
         n = min(s.remaining, b.tokens, cap or b.tokens)
         need = view.blocks_needed(s, n)
         stopped = False

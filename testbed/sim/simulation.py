@@ -10,8 +10,10 @@ per engine step (and one per arrival), never one per token.
 engine core schedules step N+1 as soon as step N is launched, before its outputs are back
 (`EngineCore.step_with_batch_queue`, vllm/v1/engine/core.py L698), so a request that arrives
 while step N runs is first seen by the schedule of step N+2: one more step of TTFT. Here an
-arrival during a step is held back until the next step has been planned. (The other effect,
-a finished request's one wasted decode in the step already scheduled, is not modelled.)
+arrival during a step is held back until the next step has been planned. The other effect: a
+request that finished in step N is still running in the schedule of step N+1, skipped but holding
+its seat and KV blocks, and is freed after it (vLLM 0.32 scheduler.py L664-676; the step loop's
+`async_scheduling`, for a policy that models vLLM's scheduler).
 
 With several replicas (open loop, fast_forward), a replica's fast-forwarded decode run is cut only by
 the arrivals the router sends to it (testbed/sim/decode_runs.py): an arrival sent elsewhere no longer
@@ -101,6 +103,8 @@ class Simulation:
         self.horizon_s = horizon_s
         self.fast_forward = fast_forward
         self.async_scheduling = async_scheduling
+        for loop in self.loops:  # a finished request holds its seat and blocks through the next schedule
+            loop.async_scheduling = async_scheduling
         self._in_step = [False] * replicas
         self._held: list[list[Request]] = [[] for _ in range(replicas)]  # arrived during the step in flight
         self.progress = progress  # called with (simulated time, requests delivered) now and then
