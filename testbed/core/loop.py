@@ -223,8 +223,8 @@ class StepLoop:
                 return None
             # The preemptions (or the seats and blocks the step before's finished requests held until
             # now: an empty schedule of its own in vLLM) changed what the policy sees: ask again now rather
-            # than wait for an arrival. Each round preempts at least one running request, so this
-            # ends. A loop, not a recursion: a policy may preempt one request a round with
+            # than wait for an arrival. Each round preempts at least one running request or frees the
+            # finished ones (once a plan), so this ends. A loop, not a recursion: a policy may preempt one request a round with
             # a thousand running, past Python's recursion limit.
             swap_blocks = shape.swap_blocks
         drafts = None
@@ -437,7 +437,7 @@ class StepLoop:
             self._after_finish(batch, end)
 
     def _finish(self, s: RequestState, now: float) -> None:
-        if self.async_scheduling and self.models_async:
+        if self.async_scheduling and self.models_async and not self.hold_finished_kv:
             self.finishing.append(s)  # its seat and blocks are held until after the next schedule
         elif not self.hold_finished_kv:
             self.kv.free(s, finished=True)
