@@ -67,6 +67,11 @@ EXPECTED = {
         {5: ['1']},
         {0: {'0': 0, '1': 0}},
     ),
+    'async_prio_finishing_victim': (
+        [(1, (('A', 60), ('B', 60))), (4, (('A', 1), ('B', 1))), (35, (('A', 1),))],
+        {5: ['B']},
+        {0: {'A': 0, 'B': 0}},
+    ),
     'async_arrival': (
         [(1, {'0': 10}), (2, {'0': 1}), (1, {'0': 1, '1': 10}), (2, {'0': 1, '1': 1})],
         {},
@@ -464,6 +469,13 @@ def test_async_a_finished_request_can_be_the_victim():
     schedule of step 5: when '0' needs a block, vLLM preempts '1' (scheduler.py L834), freeing its blocks at
     once; it still finishes with its last token."""
     loop = check("async_finishing_victim")
+    assert [s.num_preemptions for s in loop.states] == [0, 1]
+
+
+def test_async_a_finished_request_can_be_the_priority_victim():
+    """The same under --scheduling-policy priority: 'B' (priority 1), finished in step 4, is the worst
+    running request in the schedule of step 5 (scheduler.py L797-800) and is preempted there."""
+    loop = check("async_prio_finishing_victim")
     assert [s.num_preemptions for s in loop.states] == [0, 1]
 
 

@@ -103,6 +103,11 @@ SCENARIOS = {
         dict(num_blocks=8, max_num_batched_tokens=256, max_model_len=256, enable_prefix_caching=False,
              async_scheduling=True),
         _distinct(1, 60, 40) + _distinct(1, 60, 5, first_id=1)),
+    # the same under --scheduling-policy priority: the victim is the worst (priority, arrival) running request,
+    # which may be one that finished in the step before
+    "async_prio_finishing_victim": _priority(
+        dict(num_blocks=8, max_num_batched_tokens=256, max_model_len=256, async_scheduling=True),
+        [("A", [(100, 60)], 40, 0), ("B", [(101, 60)], 5, 0)], {"A": (0, 1.0), "B": (1, 2.0)}),
     "async_arrival": _scenario(
         dict(async_scheduling=True), _distinct(1, 10, 6) + _distinct(1, 10, 3, arrive=3, first_id=1)),
     # upstream test_priority_scheduling_with_limited_slots, FCFS: max_num_seqs=2 caps the batch
