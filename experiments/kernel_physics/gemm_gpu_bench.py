@@ -65,10 +65,9 @@ def table_price(n: int, k: int, m: int) -> float | None:
     try:
         import numpy as np
 
-        from testbed.sim.kernel_db import KernelDB
+        from testbed.app.run_setup import shared_kernel_db  # one KernelDB per process
 
-        db = table_price.db = getattr(table_price, "db", None) or KernelDB("h100_sxm", "vllm", None, None,
-                                                                          near="0.15.1")
+        db = shared_kernel_db("h100_sxm", "vllm", None, None, "0.15.1")
         return float(db.gemm_over_m(n, k, np.array([float(m)]))[0])
     except Exception:  # noqa: BLE001 - the timing is the point; the table column is a convenience
         return None

@@ -106,8 +106,7 @@ def run_scenario(sc: dict, model_dir: str, prompt_tokens) -> dict:
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.outputs import ModelRunnerOutput
-    from vllm.v1.request import Request, RequestStatus
+    from vllm.v1.request import Request
 
     cfg = sc["config"]
     policy = sc.get("policy", "fcfs")
@@ -121,47 +120,17 @@ def run_scenario(sc: dict, model_dir: str, prompt_tokens) -> dict:
         reqs[rid] = Request(request_id=rid, prompt_token_ids=prompt_tokens(runs),
                             sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                             pooling_params=None, block_hasher=hasher, **extra)
-    steps, preempted, admitted = [], {}, {}
-    step = 0
-    waiting_status = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-    if cfg.get("async_scheduling"):
-        return run_async(sc, sched, reqs, policy)
-    while True:
-        for rid, _, _, arrive in sc["requests"]:
-            if arrive == step:
-                sched.add_request(reqs[rid])
-        if step > max(r[3] for r in sc["requests"]) and sched.get_num_unfinished_requests() == 0:
-            break
-        if step > 500:
-            raise RuntimeError("scenario does not finish")
-        running_before = {r.request_id for r in sched.running}
-        waiting_before = {rid for rid, r in reqs.items() if r.status in waiting_status and rid in sched.requests}
-        out = sched.schedule()
-        n = dict(out.num_scheduled_tokens)
-        # under the priority policy the order vLLM scheduled them in is recorded too
-        steps.append(tuple(n.items()) if policy == "priority" else n)
-        pre = sorted(rid for rid in running_before if reqs[rid].status == RequestStatus.PREEMPTED)
-        if pre:
-            preempted[step] = pre
-        adm = {rid: reqs[rid].num_computed_tokens - n[rid] for rid in n if rid in waiting_before}
-        if adm:
-            admitted[step] = adm
-        ids = list(n)
-        sampled = [[SAMPLED_TOKEN] if reqs[rid].num_computed_tokens >= reqs[rid].num_tokens else [] for rid in ids]
-        sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                                        sampled_token_ids=sampled, logprobs=None,
-                                                        prompt_logprobs_dict={}, pooler_output=[]))
-        step += 1
-    free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
-    return dict(steps=load_scenarios().rle(steps), preempted=preempted, admitted=admitted, free_blocks_at_end=free)
+    return drive(sc, sched, reqs, policy, batch_queue=2 if cfg.get("async_scheduling") else 1)
 
 
-def run_async(sc: dict, sched, reqs: dict, policy: str) -> dict:
-    """The scenario under async scheduling: EngineCore.step_with_batch_queue (vllm/v1/engine/core.py
-    L698-800) with its queue of two batches schedules a batch while the previous one is in flight and only
-    then takes that one's output (update_from_output). A request is added before the schedule() call
-    numbered by its arrive_step; a call with nothing to schedule and nothing in flight is an empty step,
-    as in the synchronous run."""
+def drive(sc: dict, sched, reqs: dict, policy: str, batch_queue: int) -> dict:
+    """Step the scheduler as EngineCore does: `batch_queue` = 1 is the synchronous loop (schedule, then that
+    step's output, update_from_output); 2 is async scheduling, EngineCore.step_with_batch_queue
+    (vllm/v1/engine/core.py L698-800), which schedules a batch while the previous one is in flight and only
+    then takes that one's output. A request is added before the schedule() call numbered by its arrive_step;
+    a call with nothing to schedule and nothing in flight is an empty step. The output samples a token for
+    each request whose scheduled tokens reach its known ones (a step in flight's placeholder is computed,
+    not known: vllm/v1/request.py num_tokens), none for a partial prefill chunk, as upstream's tests do."""
     from collections import deque
 
     from vllm.v1.outputs import ModelRunnerOutput
@@ -180,11 +149,12 @@ def run_async(sc: dict, sched, reqs: dict, policy: str) -> dict:
             break
         if step > 500:
             raise RuntimeError("scenario does not finish")
-        if sched.has_requests():
+        if sched.has_requests() or batch_queue == 1:
             running_before = {r.request_id for r in sched.running}
             waiting_before = {rid for rid, r in reqs.items() if r.status in waiting_status and rid in sched.requests}
             out = sched.schedule()
             n = dict(out.num_scheduled_tokens)
+            # under the priority policy the order vLLM scheduled them in is recorded too
             steps.append(tuple(n.items()) if policy == "priority" else n)
             pre = sorted(rid for rid in running_before if reqs[rid].status == RequestStatus.PREEMPTED)
             if pre:
@@ -193,22 +163,20 @@ def run_async(sc: dict, sched, reqs: dict, policy: str) -> dict:
             if adm:
                 admitted[step] = adm
             ids = list(n)
-            # a token for each request whose scheduled tokens reach its known ones (the placeholder of a step
-            # in flight is computed, not known: vllm/v1/request.py num_tokens)
             sampled = [[SAMPLED_TOKEN] if reqs[rid].num_computed_tokens >= reqs[rid].num_tokens else [] for rid in ids]
             queue.appendleft((out, ids, sampled))
             step += 1
-            if len(queue) < 2 and (out.total_num_scheduled_tokens > 0 or sched.has_requests()):
+            if len(queue) < batch_queue and (out.total_num_scheduled_tokens > 0 or sched.has_requests()):
                 continue
         elif not queue:
-            steps.append({} if policy != "priority" else ())
+            steps.append(() if policy == "priority" else {})
             step += 1
             continue
         out, ids, sampled = queue.pop()
         sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                                         sampled_token_ids=sampled, logprobs=None,
                                                         prompt_logprobs_dict={}, pooler_output=[]))
-    while steps and not steps[-1]:  # the schedules that run while the last outputs drain decide nothing
+    while steps and not steps[-1]:  # async: the schedules that run while the last outputs drain decide nothing
         steps.pop()
     free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
     return dict(steps=load_scenarios().rle(steps), preempted=preempted, admitted=admitted, free_blocks_at_end=free)
