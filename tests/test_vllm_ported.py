@@ -62,6 +62,12 @@ EXPECTED = {
         {5: ['1']},
         {0: {'0': 0, '1': 0}, 6: {'1': 0}, 32: {'2': 0}},
     ),
+    'async_inflight_block': (
+        [(1, {}), (1, {'0': 43}), (4, {'0': 1}), (1, {'0': 1, '1': 31}), (1, {'0': 1, '1': 1}), (1, {'0': 1}), (1, {}),
+         (1, {'1': 17}), (26, {'1': 1})],
+        {8: ['1']},
+        {1: {'0': 0}, 6: {'1': 0}, 10: {'1': 16}},
+    ),
     'async_finishing_victim': (
         [(1, {'0': 60, '1': 60}), (4, {'0': 1, '1': 1}), (35, {'0': 1})],
         {5: ['1']},
@@ -462,6 +468,15 @@ def test_async_a_finished_request_holds_its_blocks_and_forces_a_preemption():
     so '1', needing a 5th block, preempts itself (the newest running request); it is re-admitted in step 6
     with its 65 tokens recomputed. Synchronously '0' is freed first and nothing is preempted."""
     check("async_kv_held")
+
+
+def test_async_a_block_completed_by_a_token_in_flight_is_lost_to_a_preemption():
+    """6 blocks: '1' (31 tokens) is admitted in step 6 beside '0'; in step 7 its token at position 31
+    completes block 1, but that token (step 6's output) is not back when step 7 is scheduled, so
+    vLLM caches only block 0 then (allocate_slots caps at request.num_tokens); '1' is preempted in the
+    schedule of step 8 ('0' needs a block), before step 7's outputs cache block 1, and resumes in step 10
+    with a 16-token hit, not 32 (a synchronous vLLM would have cached it)."""
+    check("async_inflight_block")
 
 
 def test_async_a_finished_request_can_be_the_victim():

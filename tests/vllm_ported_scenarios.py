@@ -97,6 +97,14 @@ SCENARIOS = {
         dict(num_blocks=8, max_num_batched_tokens=256, max_model_len=256, enable_prefix_caching=False,
              async_scheduling=True),
         _distinct(1, 60, 5) + _distinct(1, 60, 30, first_id=1) + _distinct(1, 60, 4, arrive=2, first_id=2)),
+    # ... and a block completed by a token still in flight is cached only once that step's outputs are back,
+    # after the next schedule: the request preempted by that schedule loses it, and resumes with one block less
+    # hit (allocate_slots caches up to request.num_tokens, kv_cache_manager.py L612-616; the async scheduler's
+    # _update_request_with_output the rest, async_scheduler.py L70-75, for a request still running)
+    # (found by a random search against real vLLM: tests/test_vllm_native.py has the GPU-scale check)
+    "async_inflight_block": _scenario(
+        dict(num_blocks=6, max_num_seqs=2, max_num_batched_tokens=256, max_model_len=256, async_scheduling=True),
+        [("0", [(7, 16), (100, 27)], 8, 1), ("1", [(101, 31)], 29, 6)]),
     # ... and may be the victim: the newest running request, finished in the step before, is preempted (its
     # blocks freed at once) when the long one needs a block, where a synchronous vLLM had freed it already
     "async_finishing_victim": _scenario(

@@ -328,11 +328,12 @@ class BlockManager:
             raise KVCapacityError(f"needed {need} KV blocks, {len(self._queue)} free")
         self._grab(state.blocks, need)
 
-    def grow_decode_run(self, states: list[RequestState], k: int) -> bool:
+    def grow_decode_run(self, states: list[RequestState], k: int, lag: int = 0) -> bool:
         """A fast-forwarded run of `k` decode steps, in one call: each request (in order) takes the
         blocks its next `k` tokens need and, caching decode tokens when scheduled, registers its full
-        blocks, as `allocate` then `register` would per step. False, changing nothing, when the free
-        blocks do not cover them all."""
+        blocks, as `allocate` then `register` would per step (but the last `lag` tokens: under vLLM's async
+        scheduling the run's last one is cached after the next schedule, testbed/core/loop.py `in_flight`).
+        False, changing nothing, when the free blocks do not cover them all."""
         bs = self.block_size
         needs = [-(-(s.num_computed + k) // bs) - len(s.blocks) for s in states]
         if sum([n for n in needs if n > 0]) > len(self._queue):
@@ -356,12 +357,12 @@ class BlockManager:
                 blocks.append(b)
                 need -= 1
             if tag:
-                full = (s.num_computed + k) // bs
+                full = (s.num_computed + k - lag) // bs
                 i = s.num_cached_blocks
                 if full > i:
                     keys = s._block_keys
                     if not inline_register or keys is None or len(keys) > i:
-                        self.register(s, s.num_computed + k)
+                        self.register(s, s.num_computed + k - lag)
                         continue
                     rid, seq = s.req.id, self._seq
                     for j in range(i, full):

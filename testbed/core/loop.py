@@ -126,6 +126,9 @@ class StepLoop:
         self.async_scheduling = False
         self.models_async = bool(getattr(policy, "models_async_scheduling", False))
         self.finishing: list[RequestState] = []  # finished in the last step, freed after the next schedule
+        # ... and the requests that sampled a token in the last step: that token is not back when the next
+        # step is scheduled, so a block it completes is cached only once the outputs are (`_cache_landed`)
+        self.in_flight: set[RequestState] | None = None
 
     # --- arrivals ---------------------------------------------------------------------
     def arrive(self, req: Request, now: float) -> RequestState:
@@ -212,6 +215,8 @@ class StepLoop:
             shape.swap_blocks = swap_blocks
             swap_out, swap_in, admitted = self._apply(plan, shape, now, swap_out)
             preempted += len(plan.preempt)
+            if self.in_flight:
+                self._cache_landed()
             freed = bool(self.finishing)
             if freed:  # the outputs of the step before come back after this schedule: vLLM frees its finished
                 self._free_finishing()
@@ -260,6 +265,7 @@ class StepLoop:
         kv = self.kv
         bs = kv.block_size
         cache_decode = kv.cache_decode
+        in_flight = self.in_flight
         # The batch's features are summed in this same walk over the items, with `add_work`'s
         # arithmetic inlined (`_work_of` once an item is applied: a waiting one's offset is its
         # prefix hit): one pass per step instead of two, and no tuple or call per item (calling
@@ -293,7 +299,10 @@ class StepLoop:
                     raise PlanError(self.policy_name, "kv-capacity", f"request {s.req.id}: {e}") from None
             if upto // bs > s.num_cached_blocks and (cache_decode or s.is_prefill):
                 if cache_decode:
-                    kv.register(s, upto)  # cached when scheduled, as vLLM's allocate_slots does
+                    if in_flight is not None and s in in_flight:  # async: its last token is not back yet
+                        kv.register(s, min(upto, s.req.prompt_len + s.num_generated - 1))
+                    else:
+                        kv.register(s, upto)  # cached when scheduled, as vLLM's allocate_slots does
                 else:
                     self._register_at_completion.append((s, upto))
             if n == 1 and s.num_generated > 0 and offset + 1 == s.req.prompt_len + s.num_generated:
@@ -348,8 +357,9 @@ class StepLoop:
         # the clock adds the run's length to now: stay bit-exact
         if k < 2 or batch.start + (ends[-1] - batch.start) != ends[-1]:
             return False
-        if allocate:
-            if not self.kv.grow_decode_run([s for s, _ in items], k):
+        if allocate:  # async: the run's last token is not back when the next step is scheduled (`in_flight`)
+            lag = 1 if self.async_scheduling and self.models_async else 0
+            if not self.kv.grow_decode_run([s for s, _ in items], k, lag):
                 return False
         else:  # only the check of `grow_decode_run`
             bs = self.kv.block_size
@@ -376,11 +386,14 @@ class StepLoop:
             return
         append = self.itl.append
         any_finished = False
+        in_flight = self._next_in_flight()
         for s, n in batch.items:
             computed = s.num_computed + n
             s.num_computed = computed
             req = s.req
             if computed == req.prompt_len + s.num_generated:
+                if in_flight is not None:
+                    in_flight.add(s)
                 # record_token(s, now, self.itl), inlined: once per request per step
                 generated = s.num_generated + 1
                 s.num_generated = generated
@@ -403,10 +416,13 @@ class StepLoop:
         one output); only their KV counts as computed (vLLM rolls back the rejected ones)."""
         itl, drafter = self.itl, self.drafter
         any_finished = False
+        in_flight = self._next_in_flight()
         for (s, n), k in zip(batch.items, batch.drafts):
             emitted = 1 + drafter.accepted(s, k) if k else 1
             s.num_computed += n + emitted - 1
             if s.num_computed == s.req.prompt_len + s.num_generated + emitted - 1:
+                if in_flight is not None:
+                    in_flight.add(s)
                 for _ in range(emitted):
                     record_token(s, now, itl)
                 if s.num_generated >= s.req.output_len:
@@ -422,6 +438,8 @@ class StepLoop:
         first, end = ends[0], ends[-1]
         append, extend = self.itl.append, self.itl.extend  # once per request per run
         any_finished = False
+        if self._next_in_flight() is not None:
+            self.in_flight = {s for s, _ in batch.items}
         for s, _ in batch.items:
             append(first - s.last_token_time)
             extend(gaps)
@@ -450,6 +468,7 @@ class StepLoop:
     def _after_finish(self, batch: Batch, now: float) -> None:
         if self.finishing:
             if not self.live:  # nothing else to schedule: vLLM's next schedule is empty and the outputs free them
+                self._cache_landed()
                 self._free_finishing()
             # else they keep their place in the running set, skipped by the next schedule
         else:
@@ -459,6 +478,30 @@ class StepLoop:
             for s, _ in batch.items:
                 if s.status is Status.FINISHED and s.finish_time == now:
                     self._on_finish(s, self.view)
+
+    def _next_in_flight(self) -> set[RequestState] | None:
+        """A fresh set for the requests the completing step samples for, under vLLM's async scheduling; None
+        otherwise. Their blocks up to the token before the sampled one are cached when the next step is
+        scheduled (vLLM's allocate_slots caps what it caches at the tokens known, `request.num_tokens`:
+        kv_cache_manager.py L612-616 of 0.32); the block the sampled token's own KV completes only when this
+        step's outputs come back, after that schedule (AsyncScheduler._update_request_with_output caches
+        num_computed_tokens - num_output_placeholders, async_scheduler.py L70-75), and never if that schedule
+        preempted the request."""
+        if self.async_scheduling and self.models_async and self.kv.cache_decode:
+            self.in_flight = set()
+            return self.in_flight
+        return None
+
+    def _cache_landed(self) -> None:
+        """The last step's outputs are back (after the schedule that followed it): each request that sampled
+        in it and was not preempted by that schedule caches the blocks its computed tokens fill."""
+        kv = self.kv
+        bs = kv.block_size
+        for s in self.in_flight:
+            if s.blocks and (s.status is _RUNNING or s.status is _FINISHED):
+                if s.num_computed // bs > s.num_cached_blocks:
+                    kv.register(s, s.num_computed)
+        self.in_flight = set()
 
     def _free_finishing(self) -> None:
         """Free the requests that finished in the step before, in the order of its outputs (vLLM's

@@ -28,8 +28,12 @@ Rule, per step, under a token budget:
    before the previous step's outputs are back: a request that finished in that step is still
    running, skipped (L664-676) but holding its seat (the L923 count) and its KV blocks, and may
    be the victim of a preemption (L834); it is freed once that schedule is done
-   (`StepLoop.finishing`, testbed/core/loop.py). An arrival during a step reaches the schedule
-   after the next (testbed/sim/simulation.py).
+   (`StepLoop.finishing`, testbed/core/loop.py). A block completed by a token still in flight
+   (the output of the step before) is cached only once that output is back, after the schedule
+   (allocate_slots caps caching at `request.num_tokens`, kv_cache_manager.py L612-616; the async
+   scheduler caches the rest, async_scheduler.py L70-75), so a request that schedule preempts loses
+   it (`StepLoop.in_flight`). An arrival during a step reaches the schedule after the next
+   (testbed/sim/simulation.py).
 The KV rules (every full block cached when scheduled, LRU free queue, null block) are the
 BlockManager's (testbed/core/kv.py). Not modelled: speculative decoding, encoders, LoRA, KV
 connectors, pipeline parallelism.
