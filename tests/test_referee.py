@@ -124,6 +124,24 @@ def test_referee_on_real_vllm_every_step_identical(vllm, tmp_path):
     assert (tmp_path / "vllm" / "requests.parquet").exists() and (tmp_path / "sim" / "steps.parquet").exists()
 
 
+def test_referee_on_real_vllm_without_chunked_prefill_and_with_the_threshold(vllm, tmp_path):
+    """The same 60 requests with chunked prefill off and a 200-token long-prefill threshold: vLLM caps a
+    prompt's chunk at the threshold before its no-chunking check (scheduler.py L1155-1165), so long prompts
+    are admitted in 200-token pieces; every step of the `vllm` policy equals vLLM's, preemptions included."""
+    from testbed.app.referee import run_referee
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "model=tiny_llama", "model.head_dim=32", "trace=azure_conv", "trace.max_requests=60",
+            "trace.rate_scale=20", "trace.max_prompt_len=512", "trace.max_output_len=48", "kv.num_blocks=12",
+            "scheduler.max_model_len=1024", "policy.chunked_prefill=false", "policy.long_prefill_token_threshold=200"])
+    rep = run_referee(cfg, tmp_path, "test")
+    assert rep["steps_compared"] > 100 and rep["steps_identical"] == rep["steps_compared"], rep["first_divergence"]
+    assert rep["preemptions_vllm"] == rep["preemptions_ours"] > 0
+    pieces = pd.read_csv(tmp_path / "steps.csv")["vllm"].map(lambda d: list(json.loads(d).values())).explode()
+    assert (pieces == 200).sum() > 10  # prompts admitted in threshold-sized pieces
+
+
 def priority_trace(path, n: int = 40, seed: int = 3):
     """`n` requests with priorities 0-3, arriving in bursts faster than a tiny cache serves them: the
     waiting queue is ordered by priority and running requests are preempted by it."""

@@ -18,6 +18,7 @@ from testbed.app.frontend import FrontendConfig
 from testbed.app.metrics import SLO
 from testbed.core.bounds import bounded
 from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
+from testbed.vllm_backend.native_sim import NATIVE_POLICY, VLLMNativeKnobs
 
 
 @dataclass
@@ -259,6 +260,18 @@ class FidelityConfig:
     repeats: int = bounded(1, ge=1)
 
 
+REFEREE_REFERENCES = ("vllm", NATIVE_POLICY)
+
+
+@dataclass
+class RefereeConfig:
+    """`testbed-referee`: what the `vllm` policy is checked against. `vllm`: real vLLM executing a (tiny) model on
+    the wall clock, its own scheduler deciding; `vllm_native`: vLLM's own scheduler in the simulator (the run
+    `policy=vllm_native` makes), at the config's GPU scale: whole traces, caches of tens of thousands of blocks."""
+
+    reference: str = "vllm"
+
+
 @dataclass
 class ValidateConfig:
     """`testbed-validate`: real runs replayed in the simulator (testbed/app/validate_runs.py)."""
@@ -343,6 +356,7 @@ class TestbedConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # testbed-profile's grid
     fidelity: FidelityConfig = field(default_factory=FidelityConfig)  # testbed-fidelity's repeats
     validate: ValidateConfig = field(default_factory=ValidateConfig)  # testbed-validate's real runs
+    referee: RefereeConfig = field(default_factory=RefereeConfig)  # testbed-referee's reference
     disagg: DisaggConfig = field(default_factory=DisaggConfig)  # disaggregated prefill/decode pools (simulator)
     seed: int = bounded(0, ge=0)  # numpy and torch seeds are non-negative
 
@@ -379,5 +393,6 @@ def register_configs() -> None:
     cs.store(group="frontend", name="frontend_schema", node=FrontendConfig)
     for name, cls in load_policies().items():
         cs.store(group="policy", name=f"{name}_schema", node=cls.Knobs)
+    cs.store(group="policy", name=f"{NATIVE_POLICY}_schema", node=VLLMNativeKnobs)  # vLLM's own scheduler
     for name, cls in load_routers().items():
         cs.store(group="router", name=f"{name}_schema", node=cls.Knobs)

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from testbed.app.provenance import PROVENANCE_KEYS
+from testbed.vllm_backend.native_sim import NATIVE_POLICY
 
 NOT_RESULTS = ("num_events", *PROVENANCE_KEYS)
 
@@ -78,7 +79,8 @@ def identity_configs(workdir, max_requests: int | None = None) -> dict[str, list
 
     cut = [] if max_requests is None else [f"trace.max_requests={max_requests}"]
     configs = {}
-    for policy in sorted(p.stem for p in (CONF_DIR / "policy").glob("*.yaml")):
+    # every policy but vllm_native, whose decisions are the installed vLLM's (its referee checks them)
+    for policy in sorted(p.stem for p in (CONF_DIR / "policy").glob("*.yaml") if p.stem != NATIVE_POLICY):
         for load in (1, 4):
             configs[f"{policy}_{load}x"] = [f"policy={policy}", f"trace.rate_scale={load}"]
     mooncake = ["trace=mooncake", "model=llama3_1_8b"]

@@ -23,6 +23,12 @@ counts the requests whose generated tokens equal vLLM's: the two engines' execut
 under one schedule, preemptions and prefix hits included. Written to the output dir: `referee.json`,
 `referee.md`, `steps.csv` (one row per step: both decisions and whether they agree), and
 both runs' usual files under `vllm/` and `sim/`.
+
+`referee.reference=vllm_native` checks the same policy at GPU scale instead, where real vLLM cannot run
+here: vLLM's own scheduler deciding in the simulator (`policy=vllm_native`, testbed/vllm_backend/
+native_sim.py) on the config's cache, budget and async scheduling, whole traces, with the policy in
+lockstep as its steps come (`Lockstep`: a whole trace's steps are compared, not kept; the first
+divergent ones go to `divergent_steps.csv`). No model runs, so there is no engine side.
 """
 from __future__ import annotations
 
@@ -39,8 +45,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from testbed.app.cli import CONF_DIR
 from testbed.app.frontend import without_frontend
 from testbed.app.plugins import make_policy
-from testbed.app.validate import check_config
-from testbed.app.vllm_run import NATIVE_POLICIES
+from testbed.app.config import REFEREE_REFERENCES
+from testbed.app.validate import ConfigError, check_config
+from testbed.app.vllm_run import NATIVE_POLICIES, native_settings
+from testbed.vllm_backend.native_sim import NATIVE_POLICY
 from testbed.core.kv import BlockManager
 from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
 from testbed.core.request import Request, Status
@@ -67,16 +75,30 @@ class StepCheck:
 
 @dataclass
 class Verdict:
+    """The comparison so far. `checks` holds every step (`keep_all`, for steps.csv) or, on a whole trace at
+    GPU scale where that would not fit in memory, only the first `MAX_KEPT` divergent ones."""
+
+    keep_all: bool = True
     checks: list[StepCheck] = field(default_factory=list)
+    compared: int = 0
+    identical: int = 0
+    preemptions_real: int = 0
+    preemptions_ours: int = 0
+    first_divergence: StepCheck | None = None
     extra_steps: int = 0  # steps the loop still wanted after vLLM's last one
 
-    @property
-    def identical(self) -> int:
-        return sum(c.identical for c in self.checks)
+    MAX_KEPT = 100
 
-    @property
-    def first_divergence(self) -> StepCheck | None:
-        return next((c for c in self.checks if not c.identical), None)
+    def add(self, check: StepCheck) -> None:
+        self.compared += 1
+        self.preemptions_real += len(check.real_preempted)
+        self.preemptions_ours += len(check.ours_preempted)
+        same = check.identical
+        self.identical += same
+        if not same and self.first_divergence is None:
+            self.first_divergence = check
+        if self.keep_all or (not same and len(self.checks) < self.MAX_KEPT):
+            self.checks.append(check)
 
 
 class Executor:
@@ -106,44 +128,62 @@ class EngineExecutor(Executor):
         self.seconds += time.perf_counter() - start
 
 
-def lockstep(decisions, delivered: list[tuple[float, Request]], loop: StepLoop,
-             executor: Executor | None = None) -> tuple[Verdict, ReplayOutcome]:
-    """Run `loop` through vLLM's steps: the same arrivals before each step, the same step times
-    (`executor`, if given, runs each batch for real in between)."""
-    executor = executor or Executor()
-    verdict = Verdict()
-    arrived = 0
-    end = 0.0
+class Lockstep:
+    """`loop` driven through vLLM's steps as they come: before each, the requests vLLM had been handed; each
+    step planned when vLLM's started and completed when it ended (`executor`, if given, runs each batch
+    for real in between). `step()` takes one decision; `close()` hands over the rest and lets the loop
+    finish what it still wants to run."""
 
-    def arrive(t: float, req: Request) -> None:
-        if loop.arrive(req, t).status is not Status.REJECTED:
-            executor.arrive(req)
+    def __init__(self, delivered: list[tuple[float, Request]], loop: StepLoop, executor: Executor | None = None,
+                 keep_all: bool = True):
+        self.delivered, self.loop = delivered, loop
+        self.executor = executor or Executor()
+        self.verdict = Verdict(keep_all)
+        self.arrived = 0
+        self.end = 0.0
 
-    for i, d in enumerate(decisions):
-        while arrived < d.num_delivered:
-            arrive(*delivered[arrived])
-            arrived += 1
-        before = {s.req.id: s.num_preemptions for s in loop.running}
+    def _arrive(self, t: float, req: Request) -> None:
+        if self.loop.arrive(req, t).status is not Status.REJECTED:
+            self.executor.arrive(req)
+
+    def step(self, d) -> None:
+        loop, delivered = self.loop, self.delivered
+        while self.arrived < d.num_delivered:
+            self._arrive(*delivered[self.arrived])
+            self.arrived += 1
+        before = [(s, s.num_preemptions) for s in loop.running]  # (async: a request finishing is running, not live)
         batch = loop.plan(d.start) if loop.has_work else None
         ours = {s.req.id: n for s, n in batch.items} if batch is not None else {}
-        preempted = [rid for rid, k in before.items() if loop.live[rid].num_preemptions > k]
-        verdict.checks.append(StepCheck(i, d.start, d.tokens, ours, d.preempted, preempted))
+        preempted = [s.req.id for s, k in before if s.num_preemptions > k]
+        self.verdict.add(StepCheck(self.verdict.compared, d.start, d.tokens, ours, d.preempted, preempted))
         if batch is not None:
-            executor.execute(batch)
+            self.executor.execute(batch)
             loop.complete(batch, d.end)
-        end = d.end
-    for t, req in delivered[arrived:]:
-        arrive(t, req)
-    while loop.has_work and verdict.extra_steps < 100_000:
-        batch = loop.plan(end)
-        if batch is None:
-            break
-        executor.execute(batch)
-        loop.complete(batch, end)
-        verdict.extra_steps += 1
-    if loop.has_work:
-        loop.abandon("unfinished when vLLM's steps ran out")
-    return verdict, ReplayOutcome([loop], [], end)
+        self.end = d.end
+
+    def close(self) -> tuple[Verdict, ReplayOutcome]:
+        loop, verdict, end = self.loop, self.verdict, self.end
+        for t, req in self.delivered[self.arrived:]:
+            self._arrive(t, req)
+        while loop.has_work and verdict.extra_steps < 100_000:
+            batch = loop.plan(end)
+            if batch is None:
+                break
+            self.executor.execute(batch)
+            loop.complete(batch, end)
+            verdict.extra_steps += 1
+        if loop.has_work:
+            loop.abandon("unfinished when vLLM's steps ran out")
+        return verdict, ReplayOutcome([loop], [], end)
+
+
+def lockstep(decisions, delivered: list[tuple[float, Request]], loop: StepLoop,
+             executor: Executor | None = None) -> tuple[Verdict, ReplayOutcome]:
+    """Run `loop` through vLLM's recorded steps (`Lockstep`), every step kept."""
+    run = Lockstep(delivered, loop, executor)
+    for d in decisions:
+        run.step(d)
+    return run.close()
 
 
 def lockstep_loop(cfg: DictConfig, setup, num_blocks: int, block_size: int) -> StepLoop:
@@ -181,7 +221,7 @@ def engine_side(cfg: DictConfig, setup, replay, num_blocks: int, block_size: int
             at = next(i for i, (a, b) in enumerate(zip(ours + [-1], theirs + [-2])) if a != b)
             first = {"request": s.req.id, "token_index": at, "ours": ours[at:at + 5], "vllm": theirs[at:at + 5]}
     first_div = verdict.first_divergence
-    return {"steps_compared": len(verdict.checks), "steps_identical": verdict.identical,
+    return {"steps_compared": verdict.compared, "steps_identical": verdict.identical,
             "first_divergent_step": None if first_div is None else first_div.step,
             "requests_compared": compared, "requests_same_tokens": same, "first_token_mismatch": first,
             "engine_forward_s": executor.seconds}
@@ -199,13 +239,14 @@ def report(verdict: Verdict, real: dict, sim: dict, command: str) -> dict:
     first = verdict.first_divergence
     return {
         "command": command,
+        "policy": sim.get("policy", "vllm"),
         "vllm_version": real.get("vllm_version"),
-        "steps_compared": len(verdict.checks),
+        "steps_compared": verdict.compared,
         "steps_identical": verdict.identical,
-        "identical_fraction": verdict.identical / len(verdict.checks) if verdict.checks else 0.0,
+        "identical_fraction": verdict.identical / verdict.compared if verdict.compared else 0.0,
         "extra_steps_ours": verdict.extra_steps,
-        "preemptions_vllm": sum(len(c.real_preempted) for c in verdict.checks),
-        "preemptions_ours": sum(len(c.ours_preempted) for c in verdict.checks),
+        "preemptions_vllm": verdict.preemptions_real,
+        "preemptions_ours": verdict.preemptions_ours,
         "first_divergence": None if first is None else {"step": first.step, "start_s": first.start,
                                                         "requests": _side_by_side(first)},
         "metrics": {k: {"vllm": real.get(k), "ours": sim.get(k),
@@ -215,7 +256,10 @@ def report(verdict: Verdict, real: dict, sim: dict, command: str) -> dict:
 
 
 def markdown(rep: dict) -> str:
-    lines = [f"# Referee: the testbed's `vllm` policy vs real vLLM {rep['vllm_version']}'s scheduler", "",
+    against = (f"vLLM {rep['vllm_version']}'s own {rep['vllm_scheduler']} in the simulator (policy=vllm_native, "
+               f"{rep['kv_blocks']} KV blocks, async scheduling {'on' if rep['async_scheduling'] else 'off'})"
+               if rep.get("reference") == NATIVE_POLICY else f"real vLLM {rep['vllm_version']}'s scheduler")
+    lines = [f"# Referee: the testbed's `{rep.get('policy', 'vllm')}` policy vs {against}", "",
              f"`{rep['command']}`", "",
              f"- steps compared: {rep['steps_compared']}; identical: {rep['steps_identical']} "
              f"({100 * rep['identical_fraction']:.1f}%)",
@@ -237,6 +281,8 @@ def markdown(rep: dict) -> str:
                   f"- requests whose generated tokens equal vLLM's: {e['requests_same_tokens']} of "
                   f"{e['requests_compared']}" + (f"; first mismatch: {e['first_token_mismatch']}"
                                                  if e["first_token_mismatch"] else ""), ""]
+    if rep.get("reference") == NATIVE_POLICY and first is not None:
+        lines += ["The first divergent steps are in divergent_steps.csv (a whole trace's steps are not kept).", ""]
     lines += ["| metric | vLLM | ours (lockstep) | diff |", "|---|---|---|---|"]
     for k, m in rep["metrics"].items():
         fmt = (lambda x: "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x))
@@ -258,10 +304,7 @@ def run_referee(cfg: DictConfig, out: str | Path, command: str = "") -> dict:
     from testbed.app.run import run_info
     from testbed.app.vllm_run import replay_on_vllm
 
-    if cfg.policy.name not in NATIVE_POLICIES:
-        raise ValueError(f"policy={cfg.policy.name}: the referee checks the testbed's `vllm` policy against vLLM's "
-                         "own scheduler (`vllm_priority` against its --scheduling-policy priority); run it with "
-                         "policy=vllm or policy=vllm_priority (its knobs configure both sides)")
+    _check_policy(cfg)
     cfg = without_frontend(cfg, "testbed-referee").copy()
     with open_dict(cfg):
         cfg.backend.name, cfg.backend.scheduler = "vllm", "native"
@@ -286,14 +329,74 @@ def run_referee(cfg: DictConfig, out: str | Path, command: str = "") -> dict:
     return rep
 
 
+def run_native_referee(cfg: DictConfig, out: str | Path, command: str = "") -> dict:
+    """The `vllm` policy in lockstep with vLLM's own scheduler in the simulator (`policy=vllm_native`), step by
+    step as that run goes (a whole trace's steps are not kept: only the first divergent ones); write and return
+    the report. Both see the config's cache (the hardware's KV blocks), budget and async scheduling."""
+    import vllm
+
+    from testbed.app.results import write_results
+    from testbed.app.run import run_info
+    from testbed.app.run_setup import async_scheduling, finish, prepare
+    from testbed.app.vllm_native_run import native_simulation
+
+    _check_policy(cfg)
+    cfg = without_frontend(cfg, "testbed-referee").copy()
+    knobs = native_settings(cfg.policy.name, OmegaConf.to_container(cfg.policy, resolve=True))
+    native_cfg = cfg.copy()
+    with open_dict(native_cfg):
+        native_cfg.policy = {"name": NATIVE_POLICY, "chunked_prefill": knobs["enable_chunked_prefill"],
+                             "long_prefill_token_threshold": knobs["long_prefill_token_threshold"],
+                             "reserve_full_isl": knobs["scheduler_reserve_full_isl"],
+                             "scheduling_policy": knobs["scheduling_policy"], "scheduler_cls": None}
+    t0 = time.perf_counter()
+    setup = prepare(cfg)
+    loop = lockstep_loop(cfg, setup, setup.device_blocks, cfg.kv.block_size)
+    loop.async_scheduling = async_scheduling(cfg)  # as the simulator sets it (testbed/sim/simulation.py)
+    sim = native_simulation(native_cfg, setup, setup.requests)
+    run = Lockstep(sim.delivered, loop, keep_all=False)
+    sim.on_step = run.step
+    log.info("vLLM %s's %s in the simulator, the %s policy in lockstep: %d requests, %d KV blocks, async "
+             "scheduling %s", vllm.__version__, type(sim.sched).__name__, cfg.policy.name, len(setup.requests),
+             setup.device_blocks, "on" if loop.async_scheduling else "off")
+    outcome = sim.run()
+    native = finish(native_cfg, setup, outcome, "sim", t0)
+    native.summary.update(vllm_version=vllm.__version__, vllm_scheduler=type(sim.sched).__qualname__)
+    t1 = time.perf_counter()
+    verdict, ours_outcome = run.close()
+    ours = finish(cfg, setup, ours_outcome, "sim-lockstep", t1)
+    rep = report(verdict, native.summary, ours.summary, command)
+    rep.update(reference=NATIVE_POLICY, vllm_scheduler=type(sim.sched).__qualname__,
+               kv_blocks=setup.device_blocks, async_scheduling=loop.async_scheduling)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, r, c in ((NATIVE_POLICY, native, native_cfg), ("sim", ours, cfg)):
+        write_results(out / name, r.requests, r.steps, r.summary, OmegaConf.to_yaml(c), run_info(r))
+    (out / "referee.json").write_text(json.dumps(rep, indent=2, default=float) + "\n")
+    (out / "referee.md").write_text(markdown(rep))
+    steps_frame(verdict).to_csv(out / "divergent_steps.csv", index=False)
+    return rep
+
+
+def _check_policy(cfg: DictConfig) -> None:
+    if cfg.policy.name not in NATIVE_POLICIES:
+        raise ValueError(f"policy={cfg.policy.name}: the referee checks the testbed's `vllm` policy against vLLM's "
+                         "own scheduler (`vllm_priority` against its --scheduling-policy priority); run it with "
+                         "policy=vllm or policy=vllm_priority (its knobs configure both sides)")
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     import sys
 
     cfg = without_frontend(cfg, "testbed-referee")
-    check_config(cfg, backend="vllm")
+    reference = cfg.referee.reference
+    if reference not in REFEREE_REFERENCES:
+        raise ConfigError(f"referee.reference={reference!r}: expected one of {', '.join(REFEREE_REFERENCES)} "
+                          "(vllm: real vLLM with a model on the wall clock; vllm_native: vLLM's scheduler in the simulator)")
+    check_config(cfg, backend="vllm" if reference == "vllm" else None)
     command = "testbed-referee " + " ".join(a for a in sys.argv[1:] if not a.startswith("hydra."))
-    rep = run_referee(cfg, cfg.output.dir, command)
+    rep = (run_referee if reference == "vllm" else run_native_referee)(cfg, cfg.output.dir, command)
     print(markdown(rep))
     print(f"results: {cfg.output.dir}")
     return rep

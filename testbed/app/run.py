@@ -19,10 +19,12 @@ from testbed.app.frontend import to_engine_queue
 from testbed.app.run_setup import (RunResult, Setup, async_scheduling, build_router, finish, log, prepare,
                                    progress_bar, resolve_model_spec)
 from testbed.app.spec_decode import drafter_factory
+from testbed.app.vllm_native_run import simulate_native
 from testbed.core.request import Request
 from testbed.core.specs import ModelSpec
 from testbed.sim.sessions import SESSION_REPLAYS, ClosedLoopSessions
 from testbed.sim.simulation import Simulation, gc_paused
+from testbed.vllm_backend.native_sim import NATIVE_POLICY
 
 
 def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: ModelSpec | None = None,
@@ -37,6 +39,8 @@ def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: Mod
             raise ValueError("trace.session_replay=closed: the disaggregated simulation (disagg.enabled=true) "
                              "replays open-loop only; use trace.session_replay=open")
         return simulate_disagg(cfg, stop, model, requests)
+    if cfg.policy.name == NATIVE_POLICY:  # vLLM's own scheduler in simulated time
+        return simulate_native(cfg, stop, model, requests)
     setup = prepare(cfg, model=model, requests=requests)
     engine_requests, clock = to_engine_queue(setup.requests, setup.frontend)  # the front end delays arrivals
     sessions = closed_loop_sessions(cfg, setup)

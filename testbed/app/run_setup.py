@@ -36,6 +36,7 @@ from testbed.app.results import steps_frame
 from testbed.core.generation_configs import model_generation_defaults
 from testbed.core.sampling import SamplingParams, resolve
 from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec, apply_config_json, kv_capacity_blocks
+from testbed.vllm_backend.native_sim import NATIVE_POLICY, VLLMNativeKnobs
 
 log = logging.getLogger("testbed")
 
@@ -397,7 +398,10 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
     limits = SchedulerLimits(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs,
                              cfg.scheduler.max_model_len or model.max_model_len)
     knobs = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
-    make_policy(cfg.policy.name, **knobs)  # fail on bad knobs before anything runs
+    if cfg.policy.name == NATIVE_POLICY:  # vLLM's own scheduler decides (testbed/app/vllm_native_run.py)
+        VLLMNativeKnobs(**knobs)
+    else:
+        make_policy(cfg.policy.name, **knobs)  # fail on bad knobs before anything runs
     return Setup(model, hw, slo, reqs, load_rejects, cost, blocks, host_blocks, limits, knobs, frontend,
                  offload_kv_blocks(cfg, model), drafter, notes, cost_notes)
 

@@ -28,6 +28,7 @@ from testbed.app.frontend import FrontendConfig
 from testbed.app.plugins import load_policies, load_routers
 from testbed.core.bounds import bounds_of, range_problem
 from testbed.core.specs import kv_cache_dtype_name, weight_dtype_name
+from testbed.vllm_backend.native_sim import NATIVE_POLICY, VLLMNativeKnobs
 
 
 VLLM_SCHEDULERS = ("native", "policy")
@@ -62,8 +63,34 @@ def check_config(cfg: DictConfig, backend: str | None = None) -> None:
 
         if problem := swap_knob_problem(dict(cfg.policy), cfg.policy.get("name")):
             problems.append(problem)
+    if (cfg.get("policy") or {}).get("name") == NATIVE_POLICY:
+        problems += native_problems(cfg, name)
     if problems:
         raise ConfigError(f"config: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
+
+
+def native_problems(cfg: DictConfig, backend: str | None) -> list[str]:
+    """What `policy=vllm_native` cannot run: vLLM's own scheduler runs in the simulator, one replica, with
+    vLLM's own KV rules (testbed/vllm_backend/native_sim.py)."""
+    def get(group: str, key: str, default=None):
+        return (cfg.get(group) or {}).get(key, default)
+
+    why = "policy=vllm_native (vLLM's own scheduler in the simulator)"
+    out = []
+    if backend != "sim":
+        out.append(f"backend={backend}: {why} runs in the simulator; with real vLLM use backend=vllm "
+                   "backend.scheduler=native")
+    checks = [("backend", "replicas", 1, "one replica (one vLLM engine core)"),
+              ("disagg", "enabled", False, "no disaggregated pools"),
+              ("spec_decode", "method", "none", "no speculative decoding"),
+              ("kv", "offload_gb", 0, "no host KV tier (vLLM's KV connectors are not built)"),
+              ("kv", "cache_decode_tokens", "scheduled", "vLLM's rule: blocks are cached when scheduled"),
+              ("trace", "session_replay", "open", "open-loop arrivals")]
+    for group, key, default, rule in checks:
+        value = get(group, key, default)
+        if value != default and not (key == "offload_gb" and not value):
+            out.append(f"{group}.{key}={value}: {why} runs {rule}; leave it at {default}")
+    return out
 
 
 def schema_nodes(cfg: DictConfig) -> Iterator[tuple[str, DictConfig, type | None]]:
@@ -178,7 +205,14 @@ def _unwrap(t: Any) -> Any:
 
 
 def _registry(kind: str) -> dict[str, type]:
-    return load_routers() if kind == "router" else load_policies()
+    return load_routers() if kind == "router" else {**load_policies(), NATIVE_POLICY: VLLMNative}
+
+
+class VLLMNative:
+    """`policy=vllm_native` in the registry's place: no policy object (vLLM's own scheduler decides,
+    testbed/vllm_backend/native_sim.py), only its knobs."""
+
+    Knobs = VLLMNativeKnobs
 
 
 def knobs_of(kind: str, name: Any) -> type | None:

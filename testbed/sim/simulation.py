@@ -10,10 +10,12 @@ per engine step (and one per arrival), never one per token.
 engine core schedules step N+1 as soon as step N is launched, before its outputs are back
 (`EngineCore.step_with_batch_queue`, vllm/v1/engine/core.py L698), so a request that arrives
 while step N runs is first seen by the schedule of step N+2: one more step of TTFT. Here an
-arrival during a step is held back until the next step has been planned. The other effect: a
-request that finished in step N is still running in the schedule of step N+1, skipped but holding
-its seat and KV blocks, and is freed after it (vLLM 0.32 scheduler.py L664-676; the step loop's
-`async_scheduling`, for a policy that models vLLM's scheduler).
+arrival during a step is held back until the next step has been planned. The other effects are the
+step loop's (`async_scheduling`, for a policy that models vLLM's scheduler): a request that finished in
+step N is still running in the schedule of step N+1, skipped but holding its seat and KV blocks, and is
+freed after it (vLLM 0.32 scheduler.py L664-676); a block completed by step N's token is cached only
+after that schedule (`StepLoop.in_flight`). `policy=vllm_native` takes every one of them from vLLM's own
+AsyncScheduler instead (testbed/vllm_backend/native_sim.py).
 
 With several replicas (open loop, fast_forward), a replica's fast-forwarded decode run is cut only by
 the arrivals the router sends to it (testbed/sim/decode_runs.py): an arrival sent elsewhere no longer

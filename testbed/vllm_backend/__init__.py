@@ -32,19 +32,19 @@ def parse_version(text: str) -> tuple[int, int]:
         raise VLLMUnavailable(f"backend=vllm: cannot read vLLM's version {text!r}; it needs vllm{SUPPORTED_SPEC}") from None
 
 
-def check_version(text: str) -> None:
+def check_version(text: str, who: str = "backend=vllm") -> None:
     low, high = SUPPORTED
     if not low <= parse_version(text) < high:
-        raise VLLMUnavailable(f"backend=vllm needs vllm{SUPPORTED_SPEC}, found vllm {text}; {INSTALL_HINT}")
+        raise VLLMUnavailable(f"{who} needs vllm{SUPPORTED_SPEC}, found vllm {text}; {INSTALL_HINT}")
 
 
-def require_vllm() -> str:
-    """vLLM's version, once it is known importable and in the supported range."""
+def require_vllm(who: str = "backend=vllm") -> str:
+    """vLLM's version, once it is known importable and in the supported range; `who` is what asked for it."""
     try:
         import vllm
     except ImportError as e:
-        raise VLLMUnavailable(f"backend=vllm needs vllm{SUPPORTED_SPEC}, which is not installed ({e}); "
+        raise VLLMUnavailable(f"{who} needs vllm{SUPPORTED_SPEC}, which is not installed ({e}); "
                               f"{INSTALL_HINT}") from None
     version = getattr(vllm, "__version__", "unknown")
-    check_version(version)
+    check_version(version, who)
     return version
