@@ -495,21 +495,39 @@ class BlockManager:
         blocks become evictable leaves (`dec_lock_ref`, radix_cache.py L597-616), the rest (a
         retracted request's decode tokens, a partial page) are freed at the free queue's front."""
         radix, bs = self._radix, self.block_size
+        assert radix is not None
         blocks = state.blocks
         if finished and state.num_cached_blocks < PRIVATE:
             self.register(state, min(len(blocks), state.num_computed // bs) * bs)
-        ref, queue, key_of, own_rid = self._ref, self._queue, self._key_of, self._own_rid
-        first = []
-        for i in range(len(blocks) - 1, -1, -1):
-            b = blocks[i]
-            ref[b] -= 1
-            if ref[b] == 0:
-                if own_rid[b] >= 0 or b in key_of:
-                    queue[b] = None
-                    radix.released(b)
-                else:
-                    first.append(b)
-        for b in reversed(first):
+        ref, queue, key_of, own_rid, kids = self._ref, self._queue, self._key_of, self._own_rid, radix.kids
+        k = state.num_cached_blocks
+        if not state.req.prefix_hashes and k < PRIVATE:
+            # the common case: nobody else holds its blocks, its first k are its own tree blocks
+            # (a chain: only the last can be a leaf), the rest cache nothing
+            for b in blocks:
+                ref[b] = 0
+            tree = blocks[:k]
+            for b in tree:
+                queue[b] = None
+            radix.released(k, [tree[-1]] if k and not kids[tree[-1]] else [])
+            first = blocks[k:]
+        else:
+            first, leaves = [], []
+            n = 0
+            for i in range(len(blocks) - 1, -1, -1):
+                b = blocks[i]
+                ref[b] -= 1
+                if ref[b] == 0:
+                    if own_rid[b] >= 0 or b in key_of:
+                        queue[b] = None
+                        n += 1
+                        if not kids[b]:
+                            leaves.append(b)
+                    else:
+                        first.append(b)
+            first.reverse()
+            radix.released(n, leaves)
+        for b in first[::-1]:
             queue[b] = None
             queue.move_to_end(b, last=False)
         if finished:

@@ -29,6 +29,8 @@ shortfall (`evict_to_free_tokens`, mem_cache/allocator/base.py L155-169).
 from __future__ import annotations
 
 import heapq
+from collections import deque
+from itertools import repeat
 
 
 class RadixLRU:
@@ -95,9 +97,7 @@ class RadixLRU:
         if not path:
             return
         t = self._tick()
-        stamp = self.stamp
-        for b in path:
-            stamp[b] = t
+        deque(map(self.stamp.__setitem__, path, repeat(t)), 0)
         last = path[-1]
         self._split(last, t)
         self._push_if_leaf(last)
@@ -116,27 +116,24 @@ class RadixLRU:
         t1 = self._tick()
         if m:
             self._split(blocks[m - 1], t1)  # the node it left the tree inside keeps this insert's stamp
-        parent, cont, kids = self.parent, self.cont, self.kids
         if m < full:
-            prev = blocks[m - 1] if m else -1
-            if prev >= 0:
-                kids[prev] += 1
-            for j in range(m, full):
-                b = blocks[j]
-                parent[b] = prev
-                kids[b] = 0
-                cont[b] = -1
-                if j > m:
-                    cont[prev] = b
-                    kids[prev] = 1
-                prev = b
+            # blocks outside the tree have no children and no node continuation (evict resets them)
+            parent, cont, kids = self.parent, self.cont, self.kids
+            seg = blocks[m:full]
+            head = seg[0]
+            parent[head] = blocks[m - 1] if m else -1
+            if m:
+                kids[blocks[m - 1]] += 1
+            # one C-level pass per array (a Python loop per block costs several times more: this
+            # runs over every block of every prompt and answer)
+            deque(map(parent.__setitem__, seg[1:], seg), 0)
+            deque(map(cont.__setitem__, seg, seg[1:]), 0)
+            deque(map(kids.__setitem__, seg[:-1], repeat(1)), 0)
             self.size += full - m
         if 0 < prompt < full:
             self._split(blocks[prompt - 1], None)
         t3 = self._tick()
-        stamp = self.stamp
-        for j in range(full):
-            stamp[blocks[j]] = t3
+        deque(map(self.stamp.__setitem__, blocks[:full], repeat(t3)), 0)
         if m == full and full:
             self._split(blocks[full - 1], t3)
 
@@ -148,10 +145,12 @@ class RadixLRU:
         self.checkpoint(blocks, start, end, 0)
 
     # --- release, revive, evict ------------------------------------------------------------
-    def released(self, b: int) -> None:
-        """Tree block b entered the free queue (its last holder unlocked it)."""
-        self.free_cached += 1
-        self._push_if_leaf(b)
+    def released(self, n: int, leaves: list[int]) -> None:
+        """n tree blocks entered the free queue (their last holder unlocked them); `leaves` are
+        those among them with no child."""
+        self.free_cached += n
+        for b in leaves:
+            self._push_if_leaf(b)
 
     def revived(self, n: int) -> None:
         """n free tree blocks left the free queue (a request locked them)."""
