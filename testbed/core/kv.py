@@ -372,9 +372,10 @@ class BlockManager:
 
     def _grab(self, blocks: list[int], need: int) -> None:
         """Append `need` blocks from the free queue's head to `blocks` (evicting what they
-        cached); capacity was checked. In SGLang's mode the radix tree evicts for them first."""
+        cached); capacity was checked. In SGLang's mode the radix tree evicts for them (`_grab_radix`)."""
         if self._radix is not None:
-            self._radix.make_uncached(need)
+            self._grab_radix(blocks, need)
+            return
         pop, ref, own_rid, key_of, append = self._queue.popitem, self._ref, self._own_rid, self._key_of, blocks.append
         for _ in range(need):  # once per block of every request: bound methods, positional `last`
             b = pop(False)[0]  # not `b, _ =`: the compiled build (setup.py) types `_` as the loop's int
@@ -384,6 +385,27 @@ class BlockManager:
                 self._drop_key(b)
             ref[b] = 1
             append(b)
+
+    def _grab_radix(self, blocks: list[int], need: int) -> None:
+        """`_grab` in SGLang's mode: the free blocks that cache nothing first (the queue's head),
+        then the blocks the radix tree evicts for the rest, in eviction order; a whole leaf's
+        blocks beyond the need stay free at the queue's front, next in line."""
+        radix, queue, ref, append = self._radix, self._queue, self._ref, blocks.append
+        assert radix is not None
+        uncached = len(queue) - radix.free_cached
+        evicted = radix.evict(need - uncached) if need > uncached else []
+        pop = queue.popitem
+        for _ in range(min(need, uncached)):
+            b = pop(False)[0]
+            ref[b] = 1
+            append(b)
+        k = need - min(need, uncached)
+        for b in evicted[:k]:
+            del queue[b]
+            ref[b] = 1
+            append(b)
+        for b in reversed(evicted[k:]):
+            queue.move_to_end(b, last=False)
 
     def allocate(self, state: RequestState, num_new_tokens: int) -> None:
         need = self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks)
@@ -402,8 +424,11 @@ class BlockManager:
         needs = [-(-(s.num_computed + k) // bs) - len(s.blocks) for s in states]
         if sum([n for n in needs if n > 0]) > len(self._queue):
             return False
-        if self._radix is not None:
-            self._radix.make_uncached(sum([n for n in needs if n > 0]))
+        if self._radix is not None:  # SGLang's mode: each request's blocks as `allocate` takes them
+            for s, need in zip(states, needs):
+                if need > 0:
+                    self._grab_radix(s.blocks, need)
+            return True
         # `_grab` and `register`'s tagging of a request's own blocks, inlined (a request mostly takes
         # 0 or 1 block here, so the calls would cost more than the work); blocks inside a shared
         # prefix, and a subclass's own register, take the calls

@@ -23,8 +23,10 @@ many entries as the tree has blocks). A lookup costs O(blocks it walks), an evic
 
 The BlockManager keeps, in this mode, every free block that caches nothing at the front of its
 free queue and every free tree block behind them, so an allocation takes uncached blocks first
-and evicts (through `make_uncached`) only for the rest, as SGLang's allocator evicts only the
-shortfall (`evict_to_free_tokens`, mem_cache/allocator/base.py L155-169).
+and evicts only for the rest, as SGLang's allocator evicts only the shortfall
+(`evict_to_free_tokens`, mem_cache/allocator/base.py L155-169): it takes the evicted blocks in
+eviction order and leaves those a whole leaf freed beyond its need at the queue's front, next in
+line, so one allocation of n blocks and n allocations of one take the same blocks.
 """
 from __future__ import annotations
 
@@ -158,16 +160,21 @@ class RadixLRU:
 
     def make_uncached(self, num_blocks: int) -> None:
         """Evict until `num_blocks` free blocks cache nothing, or nothing is evictable
-        (`evict_to_free_tokens`: evict the shortfall)."""
+        (`evict_to_free_tokens`: evict the shortfall); the evicted blocks go to the free queue's
+        front, in eviction order."""
         short = num_blocks - (len(self.kv._queue) - self.free_cached)
         if short > 0:
-            self.evict(short)
+            move = self.kv._queue.move_to_end
+            for b in reversed(self.evict(short)):
+                move(b, last=False)
 
-    def evict(self, num_blocks: int) -> int:
-        """`RadixCache.evict`: oldest leaf node first, whole nodes, until `num_blocks` are freed."""
+    def evict(self, num_blocks: int) -> list[int]:
+        """`RadixCache.evict`: oldest leaf node first, whole nodes, until `num_blocks` are freed;
+        returns the evicted blocks, in eviction order (still in the free queue, where they were)."""
         kv = self.kv
         heap, parent, cont, kids, stamp = self.heap, self.parent, self.cont, self.kids, self.stamp
-        ref, own_rid, key_of, queue = kv._ref, kv._own_rid, kv._key_of, kv._queue
+        ref, own_rid, key_of = kv._ref, kv._own_rid, kv._key_of
+        out: list[int] = []
         evicted = 0
         while evicted < num_blocks and heap:
             t, b = heapq.heappop(heap)
@@ -179,7 +186,7 @@ class RadixLRU:
                     own_rid[x] = -1
                 else:
                     kv._drop_key(x)
-                queue.move_to_end(x, last=False)
+                out.append(x)
                 evicted += 1
                 p = parent[x]
                 parent[x] = -1
@@ -194,7 +201,7 @@ class RadixLRU:
                     heapq.heappush(heap, (stamp[p], p))
         self.free_cached -= evicted
         self.size -= evicted
-        return evicted
+        return out
 
     # --- checking ---------------------------------------------------------------------------
     def check(self) -> None:
