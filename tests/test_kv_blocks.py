@@ -202,3 +202,85 @@ def test_no_block_leaked_or_double_owned(num_blocks, block_size, host, prefix, o
             kv.free(s)
     kv.check_invariants([s for s in states.values() if s.swapped_blocks])
     assert kv.num_free_blocks == num_blocks
+
+
+sglang_ops = st.lists(
+    st.tuples(st.sampled_from(["admit", "grow", "free", "finish", "look_up"]),
+              st.integers(0, 7), st.integers(1, 60), st.lists(st.integers(0, 3), min_size=0, max_size=4)),
+    min_size=1, max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(num_blocks=st.integers(4, 64), block_size=st.integers(1, 8), ops=sglang_ops)
+def test_sglang_mode_keeps_its_radix_tree_whole(num_blocks, block_size, ops):
+    # SGLang's mode (radix tree, eviction by access time): admissions (looked up, then locked, then
+    # allocated, evicting), decodes, retractions, finishes and lookups of requests that are not
+    # admitted; after each, the tree's shape, stamps, heap and free counts agree (RadixLRU.check)
+    kv = BlockManager(num_blocks, block_size, True, 0, "finished")
+    states: dict[int, RequestState] = {}
+    rid = 0
+    for op, slot, tokens, hashes in ops:
+        s = states.get(slot)
+        if op in ("admit", "look_up") and s is None:
+            rid += 1
+            s = state(rid, tokens, hashes=hashes, block_tokens=8)
+            kv.touch(s, s.known_len - (op == "admit"))
+            if op == "admit":
+                s.num_computed = kv.acquire_prefix(s)
+                n = s.req.prompt_len - s.num_computed
+                if kv.can_allocate(kv.blocks_needed(s, n)):
+                    kv.allocate(s, n)
+                    s.num_computed += n
+                    kv.register(s, s.num_computed)
+                    states[slot] = s
+                else:
+                    kv.free(s)
+        elif op == "grow" and s is not None:
+            n = tokens % 5 + 1
+            if kv.can_allocate(kv.blocks_needed(s, n)):
+                kv.allocate(s, n)
+                s.num_computed += n
+                s.num_generated += n
+        elif op in ("free", "finish") and s is not None:
+            kv.free(s, finished=op == "finish")
+            del states[slot]
+        kv.check_invariants(states.values())
+    for s in states.values():
+        kv.free(s, finished=True)
+    kv.check_invariants([])
+    assert kv.num_free_blocks == num_blocks
+    kv.evict_to_free(num_blocks)
+    kv.check_invariants([])
+    assert not kv._cached and all(r < 0 for r in kv._own_rid)
+
+
+@pytest.mark.parametrize("looked_up", [True, False])
+def test_sglang_mode_evicts_the_least_recently_accessed_radix_leaf_whole(looked_up):
+    # A then B (4 cached prompt tokens each, their own trace prefix) finish; 2 of 10 blocks stay
+    # uncached. D then needs 4: 2 more. SGLang's radix tree (kv.cache_decode_tokens=finished)
+    # evicts the leaf accessed least recently, whole (radix_cache.py evict L552-580: the heap of
+    # leaves by last_access_time): A, released first, unless a lookup of A's prefix (a waiting
+    # request matched by the scheduler: _match_prefix_helper L651-675) re-stamped it after B's
+    # release; then B goes, all 4 blocks although 2 were needed. vLLM's mode evicts free blocks in
+    # release order, block by block, lookups or not: A's last two.
+    for mode in ("finished", "scheduled"):
+        kv = BlockManager(10, 1, True, 0, mode)
+        a, b = state(0, 4, (1,), block_tokens=4), state(1, 4, (2,), block_tokens=4)
+        for s in (a, b):
+            run_prefill(kv, s)
+            kv.free(s, finished=True)
+        c_a, c_b = state(2, 5, (1,), block_tokens=4), state(3, 5, (2,), block_tokens=4)
+        if looked_up:
+            kv.touch(c_a, c_a.known_len)
+        d = state(4, 4)
+        kv.allocate(d, 4)
+        kv.check_invariants([d])
+        hits = (kv.match_prefix(c_a), kv.match_prefix(c_b))
+        if mode == "scheduled":
+            assert hits == (2, 4)
+        else:
+            assert hits == ((4, 0) if looked_up else (0, 4))
+            assert kv.num_free_blocks == 6
+            kv.evict_to_free(6)  # every free block uncached: the other leaf goes as well
+            assert kv.match_prefix(c_a) == kv.match_prefix(c_b) == 0
+            kv.check_invariants([d])

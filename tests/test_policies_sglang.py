@@ -28,6 +28,8 @@ def run_sglang(reqs, num_blocks, knobs=None, budget=16384, max_seqs=4096, prefix
     def schedule(view):
         plan = inner(view)
         pol.ratios.append(pol.ratio)
+        if plan.preempt:
+            pol.retracting = plan
         if plan:
             steps.append(([(s.req.id, n) for s, n in plan.items], [s.req.id for s, _ in plan.preempt]))
         return plan
@@ -91,6 +93,10 @@ def test_retraction_takes_the_latest_of_equals_re_estimates_the_ratio_and_requeu
     assert steps[21] == ([(1, 22)], [])
     assert all(s == ([(1, 1)], []) for s in steps[22:])
     assert len(steps) == 29
+    # the retracting plan evicts the cache for the whole decode first (check_decode_mem, S L4469:
+    # 2 tokens), then after R1's release until 20 tokens per kept request are free and R0's next
+    # token fits (B L2389-2392, B L3459-3461)
+    assert (pol.retracting.free_first, pol.retracting.keep_free) == (2, {1: 20})
     by_id = {s.req.id: s for s in loop.states}
     assert by_id[1].prefix_hit_tokens == 0 and by_id[1].num_preemptions == 1
     # with fixed lengths (ignore_eos, as a trace replay sends them) running outputs count at ratio 1:
@@ -206,3 +212,34 @@ def test_ported_init_with_disabled_cache_is_fcfs():
     reqs = make_requests([(0.0, 128, 2, (1, 2)), (0.0, 128, 2, (1, 2)), (0.0, 64, 2, (9,))], block_tokens=64)
     _, steps, _ = run_sglang(reqs, 1000, knobs={"schedule_policy": "lpm", "chunked_prefill_size": 192}, prefix=False)
     assert steps[0][0] == [(0, 128), (1, 64)]
+
+
+def test_a_retracted_request_cut_one_token_short_continues_as_the_chunked_request():
+    # R0 and R1 (8 + 30 each), chunk budget 4. R0 is retracted (here by hand) after 5 outputs: its
+    # prompt stays in the radix tree, its outputs are freed, so it comes back with 8 cached and 13 - 8
+    # = 5 to recompute (its last token is always recomputed). The chunk budget cuts that to 4,
+    # leaving exactly one token, which RequestState.is_prefill reads as decoding. SGLang still holds
+    # R0 as its chunked_req (S L4176-4184) and continues it with that one token in a prefill step
+    # (add_chunked_req, P L1140-1222): R1 does not decode in that step.
+    from testbed.core.cost import BatchShape
+    from testbed.core.plan import RECOMPUTE
+    pol = make_policy("sglang", chunked_prefill_size=4)
+    loop = make_loop(pol, num_blocks=200, block_size=1, budget=16384 + 4, max_seqs=64,
+                     cost=FixedCost(1.0, 0.0), cache_decode_tokens="finished")
+    r0, r1 = (loop.arrive(r, 0.0) for r in make_requests([(0.0, 8, 30), (0.0, 8, 30)]))
+    now = 0.0
+
+    def step():
+        nonlocal now
+        batch = loop.plan(now)
+        now += 1.0
+        loop.complete(batch, now)
+        return [(s.req.id, n) for s, n in batch.items]
+
+    while r0.num_generated < 5:
+        step()
+    loop._preempt(r0, RECOMPUTE, BatchShape())
+    assert step() == [(0, 4)]  # re-admitted: hit 8 of 13, a chunk of 4
+    assert r0.prefix_hit_tokens == 8 and r0.remaining == 1 and not r0.is_prefill
+    assert step() == [(0, 1)]  # the chunk's last token, a prefill step of its own
+    assert sorted(step()) == [(0, 1), (1, 1)]  # both decode again

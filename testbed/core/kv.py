@@ -4,7 +4,9 @@ One `BlockManager` serves both backends: in the simulator it only counts, on the
 its block ids index the real KV tensors, so a policy's KV decisions hold identically on
 both. Prefix sharing follows vLLM's automatic prefix caching: a full block's content is
 named by a key chained over every token before it, a cached block with no owner stays
-reusable until it is evicted, least recently released first. Every operation costs
+reusable until it is evicted, least recently released first; in SGLang's mode
+(`cache_decode_tokens="finished"`) cached blocks form SGLang's radix tree instead and are evicted
+as whole leaves, least recently accessed first (testbed/core/radix_lru.py). Every operation costs
 O(blocks it touches), never O(cache size). `KVPreview` lets a policy plan admissions
 against the cache as its plan's earlier items will leave it.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterable
 
+from testbed.core.radix_lru import RadixLRU
 from testbed.core.request import Request, RequestState
 
 
@@ -70,6 +73,14 @@ class BlockManager:
       first registered (`BlockHashToBlockMap.get_one_block`, block_pool.py L62).
     - A hit is full blocks only and leaves at least one token to compute
       (`KVCacheManager.get_computed_blocks`, kv_cache_manager.py L295: `max_cache_hit_length = num_tokens - 1`).
+
+    SGLang's mode (`cache_decode_tokens="finished"`, prefix caching on; sglang 0.5.23
+    mem_cache/radix_cache.py): a request's computed blocks are inserted when its step completes
+    (`register`, called then by the loop) and when it finishes (`free`), each content held once;
+    a free block caching nothing is allocated first; beyond those, the radix tree evicts whole
+    leaves, the least recently accessed first, where a lookup (`touch`, which the loop replays for
+    the scheduler's lookups) or an insert re-stamps its path (`RadixLRU`, radix_lru.py). vLLM's
+    mode never builds that tree: none of it changes vLLM's behaviour.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
@@ -102,6 +113,14 @@ class BlockManager:
         self._host_used = 0
         self.hit_tokens = 0  # prefix-cache statistics, over admissions
         self.queried_tokens = 0
+        # SGLang's mode evicts as its radix tree does: oldest-accessed leaf first (testbed/core/radix_lru.py)
+        self._radix = RadixLRU(self) if not self.cache_decode and enable_prefix_caching else None
+
+    @property
+    def tracks_lookups(self) -> bool:
+        """True when the cache's eviction order depends on the scheduler's prefix lookups (SGLang's
+        radix tree re-stamps what a lookup matches): the loop replays a plan's lookups (`touch`)."""
+        return self._radix is not None
 
     # --- capacity -------------------------------------------------------------------------
     @property
@@ -203,14 +222,46 @@ class BlockManager:
         if not hit:
             return 0
         ref, queue = self._ref, self._queue
+        revived = 0
         for i in range(hit):
             b = self._hit_block(state, i)
             if ref[b] == 0:
                 del queue[b]
+                revived += 1
             ref[b] += 1
             state.blocks.append(b)
+        if self._radix is not None:
+            self._radix.revived(revived)
+            self._radix.split_at(state.blocks, hit)
         self.hit_tokens += hit * self.block_size
         return hit * self.block_size
+
+    def touch(self, state: RequestState, max_tokens: int) -> None:
+        """A lookup of the request's first `max_tokens` tokens in the cache, for SGLang's eviction
+        order: the tree blocks it matches are re-stamped (radix_cache.py `_match_prefix_helper`
+        L651-675; see testbed/core/radix_lru.py). Nothing else changes; a no-op in vLLM's mode."""
+        radix = self._radix
+        if radix is None or not self.may_hit(state):
+            return
+        cap = max_tokens // self.block_size
+        keys, cached = self.prefix_keys(state), self._cached
+        lim = min(cap, len(keys))
+        path = []
+        j = 0
+        while j < lim:
+            holders = cached.get(keys[j])
+            if holders is None:
+                break
+            path.append(holders[0])
+            j += 1
+        if j == lim:
+            while j < cap:
+                c = self.candidates(state, j)
+                if not c:
+                    break
+                path.append(c[0])
+                j += 1
+        radix.touch(path)
 
     def register(self, state: RequestState, num_tokens: int) -> None:
         """Cache the request's blocks that its first `num_tokens` tokens fill (called when the
@@ -218,11 +269,15 @@ class BlockManager:
         full = num_tokens // self.block_size
         i = state.num_cached_blocks
         if i >= full or not self.enable_prefix_caching:
+            if self._radix is not None and 0 < full <= i < PRIVATE:  # nothing new: the insert still stamps
+                self._radix.checkpoint(state.blocks, full, full, state.req.prompt_len // self.block_size)
             return
         blocks = state.blocks
         keys = self.prefix_keys(state)
         cached, key_of = self._cached, self._key_of
         shared = min(full, len(keys))
+        if self._radix is not None:  # the tree holds a prefix of what it inserts (leaves go first): where it ends
+            first_new = next((j for j in range(i, shared) if keys[j] not in cached), max(i, shared))
         for j in range(i, shared):  # once per shared-prefix block of every prompt
             key, b = keys[j], blocks[j]
             holders = cached.get(key)
@@ -251,12 +306,18 @@ class BlockManager:
             self._seq = seq
             i = full
         state.num_cached_blocks = i
+        if self._radix is not None:
+            self._radix.checkpoint(blocks, first_new, full, state.req.prompt_len // self.block_size)
 
     # --- allocation -------------------------------------------------------------------------
     def evict_to_free(self, num_blocks: int) -> None:
         """Drop cached content from free blocks, from the queue's head (evicted first), until at
         least `num_blocks` free blocks cache nothing (SGLang's `evict_to_free_tokens`,
-        sglang 0.5.23 mem_cache/allocator/base.py L155-169)."""
+        sglang 0.5.23 mem_cache/allocator/base.py L155-169); in SGLang's mode (cache_decode_tokens
+        finished, prefix caching on) the oldest-accessed radix leaves go first (RadixLRU)."""
+        if self._radix is not None:
+            self._radix.make_uncached(num_blocks)
+            return
         queue, own_rid, key_of = self._queue, self._own_rid, self._key_of
         uncached = 0
         for b in queue:  # usually enough uncached blocks sit at the head: stop there
@@ -300,6 +361,8 @@ class BlockManager:
         b = blocks[i]
         if ref[other] == 0:
             del queue[other]
+            if self._radix is not None:
+                self._radix.revived(1)
         ref[other] += 1
         blocks[i] = other
         ref[b] -= 1
@@ -309,7 +372,10 @@ class BlockManager:
 
     def _grab(self, blocks: list[int], need: int) -> None:
         """Append `need` blocks from the free queue's head to `blocks` (evicting what they
-        cached); capacity was checked."""
+        cached); capacity was checked. In SGLang's mode the radix tree evicts for them (`_grab_radix`)."""
+        if self._radix is not None:
+            self._grab_radix(blocks, need)
+            return
         pop, ref, own_rid, key_of, append = self._queue.popitem, self._ref, self._own_rid, self._key_of, blocks.append
         for _ in range(need):  # once per block of every request: bound methods, positional `last`
             b = pop(False)[0]  # not `b, _ =`: the compiled build (setup.py) types `_` as the loop's int
@@ -319,6 +385,27 @@ class BlockManager:
                 self._drop_key(b)
             ref[b] = 1
             append(b)
+
+    def _grab_radix(self, blocks: list[int], need: int) -> None:
+        """`_grab` in SGLang's mode: the free blocks that cache nothing first (the queue's head),
+        then the blocks the radix tree evicts for the rest, in eviction order; a whole leaf's
+        blocks beyond the need stay free at the queue's front, next in line."""
+        radix, queue, ref, append = self._radix, self._queue, self._ref, blocks.append
+        assert radix is not None
+        uncached = len(queue) - radix.free_cached
+        evicted = radix.evict(need - uncached) if need > uncached else []
+        pop = queue.popitem
+        for _ in range(min(need, uncached)):
+            b = pop(False)[0]
+            ref[b] = 1
+            append(b)
+        k = need - min(need, uncached)
+        for b in evicted[:k]:
+            del queue[b]
+            ref[b] = 1
+            append(b)
+        for b in reversed(evicted[k:]):
+            queue.move_to_end(b, last=False)
 
     def allocate(self, state: RequestState, num_new_tokens: int) -> None:
         need = self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks)
@@ -338,6 +425,11 @@ class BlockManager:
         needs = [-(-(s.num_computed + k) // bs) - len(s.blocks) for s in states]
         if sum([n for n in needs if n > 0]) > len(self._queue):
             return False
+        if self._radix is not None:  # SGLang's mode: each request's blocks as `allocate` takes them
+            for s, need in zip(states, needs):
+                if need > 0:
+                    self._grab_radix(s.blocks, need)
+            return True
         # `_grab` and `register`'s tagging of a request's own blocks, inlined (a request mostly takes
         # 0 or 1 block here, so the calls would cost more than the work); blocks inside a shared
         # prefix, and a subclass's own register, take the calls
@@ -379,6 +471,9 @@ class BlockManager:
         """Release every block, tail first: cached ones to the free queue's end (evicted last,
         LRU), uncached ones to its front (reused first), as `BlockPool.free_blocks` does. An
         unfinished request remembers them, to re-hit its own when it comes back."""
+        if self._radix is not None:
+            self._free_into_tree(state, finished)
+            return
         ref, queue, key_of, own_rid = self._ref, self._queue, self._key_of, self._own_rid
         blocks = state.blocks
         k = state.num_cached_blocks
@@ -416,6 +511,55 @@ class BlockManager:
             state._past_blocks = []
         elif self.enable_prefix_caching and state.blocks:
             state._past_blocks.append(state.blocks)
+        state.blocks = []
+        state.num_cached_blocks = 0
+
+    def _free_into_tree(self, state: RequestState, finished: bool) -> None:
+        """`free` in SGLang's mode: a finished request's whole computed sequence is inserted into
+        the tree first (`release_kv_cache(checkpoint=True)`, mem_cache/common.py L400-439:
+        `RadixCache.checkpoint` up to the KV it owns, L510-543), then every block is unlocked: tree
+        blocks become evictable leaves (`dec_lock_ref`, radix_cache.py L597-616), the rest (a
+        retracted request's decode tokens, a partial page) are freed at the free queue's front."""
+        radix, bs = self._radix, self.block_size
+        assert radix is not None
+        blocks = state.blocks
+        if finished and state.num_cached_blocks < PRIVATE:
+            self.register(state, min(len(blocks), state.num_computed // bs) * bs)
+        ref, queue, key_of, own_rid, kids = self._ref, self._queue, self._key_of, self._own_rid, radix.kids
+        k = state.num_cached_blocks
+        if not state.req.prefix_hashes and k < PRIVATE:
+            # the common case: nobody else holds its blocks, its first k are its own tree blocks
+            # (a chain: only the last can be a leaf), the rest cache nothing
+            for b in blocks:
+                ref[b] = 0
+            tree = blocks[:k]
+            for b in tree:
+                queue[b] = None
+            radix.released(k, [tree[-1]] if k and not kids[tree[-1]] else [])
+            first = blocks[k:]
+        else:
+            first, leaves = [], []
+            n = 0
+            for i in range(len(blocks) - 1, -1, -1):
+                b = blocks[i]
+                ref[b] -= 1
+                if ref[b] == 0:
+                    if own_rid[b] >= 0 or b in key_of:
+                        queue[b] = None
+                        n += 1
+                        if not kids[b]:
+                            leaves.append(b)
+                    else:
+                        first.append(b)
+            first.reverse()
+            radix.released(n, leaves)
+        for b in first[::-1]:
+            queue[b] = None
+            queue.move_to_end(b, last=False)
+        if finished:
+            state._past_blocks = []
+        elif blocks:
+            state._past_blocks.append(blocks)
         state.blocks = []
         state.num_cached_blocks = 0
 
@@ -468,6 +612,8 @@ class BlockManager:
         for b in self._key_of:
             assert self._own_rid[b] < 0, f"block {b} caches a shared key and a request's own content"
         assert host == self._host_used, f"host blocks used {self._host_used}, swapped states hold {host}"
+        if self._radix is not None:
+            self._radix.check()
 
 
 _ITEMS = object()  # KVPreview._pending: an entry holding a list of scheduled (request, tokens) items

@@ -159,6 +159,8 @@ class OffloadingBlockManager(BlockManager):
             cached.setdefault(key, []).append(b)
             key_of[b] = key
         state.num_cached_blocks = got + h
+        if self._radix is not None:  # SGLang's mode: the loaded pages join the radix tree as one node
+            self._radix.added(blocks, got, got + h)
         self.offload_hit_tokens += h * bs
         self.loaded_blocks += h
         self._unreported_loads += h

@@ -254,16 +254,24 @@ class StepLoop:
         Returns the swap-outs (appended to `swap_out`), the swap-ins and the number of requests
         admitted."""
         swap_in = None
+        kv = self.kv
+        bs = kv.block_size
+        tracks_lookups = kv.tracks_lookups
+        if tracks_lookups:
+            self._replay_lookups(plan)
+        if plan.free_first:
+            kv.evict_to_free(-(-plan.free_first // bs))
         for s, mode in plan.preempt:
             if mode != RECOMPUTE and s.status is not _FINISHED:
                 swap_out = swap_out or []
                 swap_out.append((s, list(s.blocks)))
             self._preempt(s, mode, shape)
             if plan.keep_free and s.req.id in plan.keep_free:
-                self.kv.evict_to_free(-(-plan.keep_free[s.req.id] // self.kv.block_size))
+                kv.evict_to_free(-(-plan.keep_free[s.req.id] // bs))
+        # SGLang's order: every admission locks its cached prefix before the batch's KV is
+        # allocated (and the cache evicted for it: alloc_for_extend, mem_cache/allocation.py L374)
+        acquired = tracks_lookups and self._acquire_prefixes(plan)
         admitted = 0
-        kv = self.kv
-        bs = kv.block_size
         cache_decode = kv.cache_decode
         in_flight = self.in_flight
         # The batch's features are summed in this same walk over the items, with `add_work`'s
@@ -281,8 +289,9 @@ class StepLoop:
                     swap_in = swap_in or []
                     swap_in.append((s, s.blocks[:moved]))
                 else:  # never more hit than leaves the plan's n tokens to compute
-                    s.num_computed = kv.acquire_prefix(s, s.known_len - n)
-                    s.prefix_hit_tokens += s.num_computed
+                    if not acquired:
+                        s.num_computed = kv.acquire_prefix(s, s.known_len - n)
+                        s.prefix_hit_tokens += s.num_computed
                     if self._offload:  # the host-tier blocks its hit loaded cross the host link before the step
                         shape.load_blocks += kv.take_loaded_blocks()
                 s.status = _RUNNING
@@ -322,6 +331,27 @@ class StepLoop:
         if admitted:
             self._drop_admitted_from_waiting(admitted)
         return swap_out, swap_in, admitted
+
+    def _replay_lookups(self, plan: Plan) -> None:
+        """The plan's prefix lookups, in order, on a cache that orders eviction by them (SGLang's
+        radix tree); without a list from the policy, each admission's own lookup."""
+        kv = self.kv
+        if plan.touch is not None:
+            for s, n in plan.touch:
+                kv.touch(s, n)
+        else:
+            for s, n in plan.items:
+                if s.status is _WAITING:
+                    kv.touch(s, s.known_len - n)
+
+    def _acquire_prefixes(self, plan: Plan) -> bool:
+        """Attach every admitted request's cached prefix before any of the plan's allocations."""
+        kv = self.kv
+        for s, n in plan.items:
+            if s.status is _WAITING:
+                s.num_computed = kv.acquire_prefix(s, s.known_len - n)
+                s.prefix_hit_tokens += s.num_computed
+        return True
 
     def extend_decode_run(self, batch: Batch, step_time, next_arrival: float, horizon: float,
                           allocate: bool = True) -> bool:

@@ -24,9 +24,19 @@ class Plan:
     items: list[tuple[RequestState, int]] = field(default_factory=list)
     preempt: list[tuple[RequestState, str]] = field(default_factory=list)
     # request id -> KV tokens to have free (uncached) right after that recompute preemption,
-    # evicting cached free blocks, least recently released first (SGLang's retract_decode
-    # evicts 20 tokens per request kept: sglang 0.5.23 schedule_batch.py L2389-2392)
+    # evicting cached free blocks as the cache evicts (BlockManager.evict_to_free; SGLang's
+    # retract_decode evicts 20 tokens per request kept, then for the kept requests' next tokens:
+    # sglang 0.5.23 schedule_batch.py L2389-2392, L3459-3461)
     keep_free: dict[int, int] | None = None
+    # KV tokens to have free (uncached) before the preemptions, evicting cached free blocks (SGLang's
+    # update_running_batch evicts for the whole decode before it retracts: check_decode_mem,
+    # sglang 0.5.23 scheduler.py L4469, schedule_batch.py L3432-3449)
+    free_first: int = 0
+    # the prefix lookups the scheduler made this step, in order, as (waiting request, tokens of its
+    # sequence looked up): SGLang's radix tree re-stamps what a lookup matches, which orders its
+    # eviction, so the loop replays them on a cache that tracks lookups (BlockManager.touch) before
+    # the plan's admissions; None: the admissions' own lookups
+    touch: list[tuple[RequestState, int]] | None = None
 
     def schedule(self, state: RequestState, num_tokens: int) -> None:
         self.items.append((state, num_tokens))

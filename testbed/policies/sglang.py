@@ -19,7 +19,10 @@ Prefill (`_get_new_batch_prefill_raw`, S L4079-4330):
   batch (finishes or is retracted: S L3962-3964, L4544) or the batch empties (S L4093). The flag
   lives on the running batch, so a refusal while no request is decoding is forgotten by the next
   step (S L3952-3955 replaces the empty batch, L4093-4096). A request being chunked continues
-  regardless.
+  regardless: it is SGLang's `chunked_req` (S L4176-4184) until its last chunk, even a one-token
+  chunk (a retracted request recomputing its outputs can be cut one token short of its end, which
+  `RequestState.is_prefill` reads as decoding): that chunk too runs first, in a prefill step
+  (`add_chunked_req`, P L1140-1222), and the request is not in the decode batch meanwhile.
 - Orders (`SchedulePolicy.calc_priority`, P L213-280): `fcfs` (queue order); `lpm`: longest
   cached prefix first, and a request whose cached prefix is at most 32 tokens but which shares
   at least 32 tokens with a request earlier in the queue goes last, so one request caches a
@@ -62,20 +65,38 @@ KV (`kv.cache_decode_tokens=finished`, set by this preset): prompt tokens enter 
 the step that computes them completes (checkpoint_kv_cache after the forward), so a request
 later in the same step cannot hit them, and a request whose same-step neighbour inserted the
 same prefix first frees its duplicate and reads the tree's copy; decode tokens enter the cache
-when the request finishes. A retracted request's decode tokens are freed uncached, its prompt
-is released to the cache, and the cache is then evicted until 20 tokens per request still
-running are free (`release_req`, B L2360-2395), whole leaves at a time (its own prompt goes
-whole). The running batch keeps SGLang's order (new requests appended; a retraction reorders it
-to the retraction sort, B L3532), which is the stable-sort tie-break of the next retraction.
+when the request finishes. A retracted request's decode tokens are freed uncached and its prompt
+is released to the cache (`release_req`, B L2360-2395). The running batch keeps SGLang's order
+(new requests appended; a retraction reorders it to the retraction sort, B L3532), which is the
+stable-sort tie-break of the next retraction.
 
-Checked step by step against SGLang's real scheduler code on 41 scenarios
+Eviction (radix_cache.py `evict` L552-580, modelled by testbed/core/radix_lru.py): the free
+blocks that cache nothing are used first; beyond them the cache evicts whole radix leaves, the
+least recently accessed first, where every lookup and insert re-stamps the path it walks. So
+each plan lists, in SGLang's order, the lookups its scheduler makes (`Plan.touch`, replayed by
+the loop before its admissions): `calc_priority` under `lpm` (at most 128 waiting) and
+`dfs_weight` looks every waiting request up in queue order, whole sequence, before sorting
+(`_compute_prefix_matches`, P L346-360); under `fcfs`, `lof` and `lpm` above 128 waiting it
+re-stamps the first 128 waiting requests' prefixes, the head last, on every 32nd call
+(`_touch_waiting_prefixes`, P L283-302, `WAITING_PREFIX_REFRESH_INTERVAL` P L139); then every
+request the admission loop reaches is looked up, one token short of its sequence
+(`init_next_round_input`, B L1692-1740, cap B L1766-1785), the refused one included. All of a
+step's admissions lock their prefixes before its KV is allocated (alloc_for_extend,
+mem_cache/allocation.py L374). A decode that does not fit first evicts for the whole decode
+(`check_decode_mem` before `retract_decode`, S L4469, B L3432-3449: `Plan.free_first`), then each
+retracted request's release evicts until 20 tokens per request kept are free and the kept
+requests' next tokens fit (B L2389-2392, then the loop's `check_decode_mem`, B L3459-3461:
+`Plan.keep_free`).
+
+Checked step by step against SGLang's real scheduler code on 41 scenarios, all identical
 (experiments/sglang_referee, tests/test_sglang_referee.py).
 
 Not modelled: mixed chunked prefill, priority scheduling and priority preemption, the
 `hrrn`/`random`/`routing-key`/`shortest-prefill-first` orders, the overlap schedule (SGLang's
-default runs the scheduler one step ahead of the GPU), eviction by last access time (the cache
-evicts in vLLM's free-queue order, block by block except a request's own content, which goes as
-one leaf; 7 referee scenarios differ on which cached tokens survive), the dfs_weight tree
+default runs the scheduler one step ahead of the GPU), the paged allocator's page of slack per
+request (with a page size above 1 SGLang evicts a page more per request than an extend or a
+decode needs: mem_cache/allocation.py L175-201, L574-585), the insert after a one-token last
+chunk of a recompute (its checkpoint waits for the request's finish here), the dfs_weight tree
 forgetting evicted nodes (a re-inserted prefix keeps its first place among its siblings), the
 clipping of max_new_tokens to the context at arrival (modelled in `_max_new`, but SGLang would
 then also stop the request early), and an out-of-memory chunk continuation (SGLang would fail;
@@ -91,6 +112,7 @@ from testbed.core.policy import BasePolicy, PolicyKnobs, register
 
 ORDERS = ("fcfs", "lpm", "dfs_weight", "lof")
 PREFIX_MATCH_QUEUE_MAX = 128  # WAITING_QUEUE_PREFIX_MATCH_MAX, P L136: lpm turns fcfs above it
+WAITING_PREFIX_REFRESH_INTERVAL = 32  # P L139: a cache-agnostic order re-stamps the queue's prefixes every 32 calls
 IN_BATCH_CHECK_THRESHOLD = 32  # IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD, P L115-118
 IN_BATCH_DEPRIORITIZE_THRESHOLD = 32  # IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD, P L122-126
 
@@ -236,6 +258,13 @@ class SGLangPolicy(BasePolicy):
         self._full: set | None = None  # batch_is_full: the ids whose leaving clears it, or None
         self._batch_pos: dict = {}  # request id -> its place in SGLang's running batch
         self._created: dict = {}  # radix child order: prefix-chain key -> rank of first insertion
+        # SGLang's chunked_req (S L4176-4184): the request whose prompt a chunk cut, until its last
+        # chunk. A retracted request recomputing its outputs can be cut one token short of the end,
+        # which RequestState.is_prefill reads as decoding: it is still the chunked request, continued
+        # by add_chunked_req (P L1140-1222) in a prefill step, not in the running (decode) batch
+        self._chunked_id: int | None = None
+        self._lookups: list = []  # this step's radix lookups, in order: (request, tokens looked up)
+        self._refresh_calls = 0  # calc_priority calls that could refresh the queue's prefixes (P L296)
 
     # --- bookkeeping --------------------------------------------------------------------------
     def is_steady(self, view) -> bool:
@@ -280,35 +309,60 @@ class SGLangPolicy(BasePolicy):
         return max(1, min(estimate, tokens // 2, view.max_num_seqs))
 
     def _order(self, view) -> list:
-        """calc_priority: sort SGLang's queue in place (the order persists)."""
+        """calc_priority: sort SGLang's queue in place (the order persists), noting the radix
+        lookups it makes (they re-stamp what they match: SGLang's eviction order)."""
         queue = list(self._queue.values())
         policy = self.knobs.schedule_policy
-        if policy in ("lpm", "dfs_weight") and not view.prefix_caching:
+        cache = view.prefix_caching
+        if policy in ("lpm", "dfs_weight") and not cache:
             policy = "fcfs"  # a cache-aware order without the radix cache is fcfs (P L324-344)
-        if policy == "lof":
-            queue.sort(key=lambda s: -self._max_new(s))
-        elif policy == "dfs_weight" or (policy == "lpm" and len(queue) <= PREFIX_MATCH_QUEUE_MAX):
+        if policy == "lpm" and len(queue) > PREFIX_MATCH_QUEUE_MAX:
+            policy = "fcfs"  # _determine_active_policy, P L304-315
+        if policy in ("lpm", "dfs_weight"):
+            # _compute_prefix_matches (P L346-360) looks every waiting request up, in queue order,
+            # before sorting: each lookup re-stamps its cached path (its whole sequence, no one-token cap)
+            self._lookups.extend((s, s.known_len) for s in queue)
             hit_of = {s.id: view.prefix_hit_tokens(s) for s in queue}
             if policy == "lpm":
                 back = in_batch_deprioritized(queue, hit_of)
                 queue.sort(key=lambda s: float("inf") if s.id in back else -hit_of[s.id])
             else:
                 queue = dfs_weight_order(queue, hit_of, self._created)
-        else:
+        elif policy == "lof":
+            queue.sort(key=lambda s: -self._max_new(s))
+        if cache and queue and policy != "dfs_weight" and policy != "lpm":
+            self._refresh_prefixes(queue)
+        if policy == "fcfs":
             return queue
         self._queue = {s.id: s for s in queue}
         return queue
 
+    def _refresh_prefixes(self, queue) -> None:
+        """`_touch_waiting_prefixes` (P L283-302): a cache-agnostic order (fcfs, lof, lpm above 128
+        waiting) re-stamps the first 128 waiting requests' cached prefixes on every 32nd call of
+        calc_priority with a non-empty queue, after sorting, the head last (so LRU evicts in reverse
+        admission order)."""
+        calls = self._refresh_calls
+        self._refresh_calls = calls + 1
+        if calls % WAITING_PREFIX_REFRESH_INTERVAL == 0:
+            self._lookups.extend((s, s.known_len) for s in reversed(queue[:PREFIX_MATCH_QUEUE_MAX]))
+
     # --- the step -----------------------------------------------------------------------------
     def schedule(self, view) -> Plan:
+        self._lookups = []
+        plan = self._schedule(view)
+        plan.touch = self._lookups
+        return plan
+
+    def _schedule(self, view) -> Plan:
         self._context, self._kv_tokens, self._page = view.max_model_len, view.num_blocks * view.block_size, view.block_size
         self._catch_up(view)
         self._sync_queue(view)
         running = view.running
-        decoding = [s for s in running if not s.is_prefill]
+        chunked = next((s for s in running if s.is_prefill or s.id == self._chunked_id), None)
+        decoding = [s for s in running if s is not chunked]
         if self._batch_pos:  # SGLang's running-batch order: kept across steps, new ones appended
             decoding.sort(key=lambda s: self._batch_pos.get(s.id, float("inf")))
-        chunked = next((s for s in running if s.is_prefill), None)
         if self._full is not None and (not decoding or not self._full <= {s.id for s in running}):
             self._full = None  # a request left the batch
         plan = self._prefill(view, decoding, chunked)
@@ -350,6 +404,7 @@ class SGLangPolicy(BasePolicy):
             if n <= 0:
                 return plan  # no KV for its next chunk: decode (SGLang would run out of memory)
             truncated = n < chunked.remaining
+            self._chunked_id = chunked.id if truncated else None
             plan.schedule(chunked, n)
             cap -= n
             rem_total -= page(n) + bs + (0 if truncated else min(self._max_new(chunked), k.clip_max_new_tokens))
@@ -369,6 +424,7 @@ class SGLangPolicy(BasePolicy):
                 break
             if self._full is not None:
                 break
+            self._lookups.append((s, s.known_len - 1))  # init_next_round_input matches it (B L1692-1740)
             hit, revive = preview.match(s)
             hit *= bs
             revived = [b for b in revive if b not in pinned]
@@ -400,6 +456,7 @@ class SGLangPolicy(BasePolicy):
             if rem_chunk is not None:
                 rem_chunk -= page(n)
             if n < extend:
+                self._chunked_id = s.id
                 break  # the new chunked request: the chunk budget is spent
             if rem_total <= 0:  # budget_state NO_TOKEN after a commit
                 self._mark_full(view, plan)
@@ -428,7 +485,7 @@ class SGLangPolicy(BasePolicy):
         empty running batch it is lost: the next step either replaces that batch with the
         prefill batch just run (S L3952-3955) or clears the flag (S L4093-4096). So only a
         refusal with requests already decoding holds admission."""
-        if not any(not s.is_prefill for s in view.running):
+        if not any(not s.is_prefill and s.id != self._chunked_id for s in view.running):
             return
         self._full = {s.id for s in view.running} | {s.id for s, _ in plan.items}
 
@@ -438,20 +495,23 @@ class SGLangPolicy(BasePolicy):
         if need <= free:
             self._decode_mark = view.steps_done  # decays once this step is done
         else:
+            # check_decode_mem (S L4469) has evicted what the cache could for the whole decode
+            plan.free_first = need * view.block_size
             # retract_decode: most-preferred to keep first; retract from the back, at least one
             keep = sorted(decoding, key=lambda s: (s.num_generated, -s.req.prompt_len), reverse=True)
+            plan.keep_free = {}
             first = True
             while (first or need > free) and len(keep) > 1:
                 first = False
                 victim = keep.pop()
                 plan.preempt_request(victim)
-                # release_req evicts the cache until 20 tokens per request still kept are free
-                # (B L2389-2392): usually the victim's own just-released prompt
-                if plan.keep_free is None:
-                    plan.keep_free = {}
-                plan.keep_free[victim.id] = self.knobs.retract_decode_steps * len(keep)
                 need -= view.blocks_needed(victim, 1)
                 free += view.reclaimable_blocks(victim)
+                # release_req evicts the cache until 20 tokens per request still kept are free
+                # (B L2389-2392), then the retract loop's check_decode_mem until the kept requests'
+                # next tokens fit (B L3459-3461): the victim's own just-released prompt, as the
+                # rest of the cache went for the whole decode
+                plan.keep_free[victim.id] = max(self.knobs.retract_decode_steps * len(keep), need * view.block_size)
                 self._queue[victim.id] = victim  # to the back of the waiting queue
             decoding = keep  # filter_batch(keep_indices=sorted order) reorders the batch (B L3532)
             generated = sum(s.num_generated for s in keep)
