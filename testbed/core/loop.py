@@ -498,7 +498,8 @@ class StepLoop:
     def _after_finish(self, batch: Batch, now: float) -> None:
         if self.finishing:
             if not self.live:  # nothing else to schedule: vLLM's next schedule is empty and the outputs free them
-                self._cache_landed()
+                if self.in_flight:
+                    self._cache_landed()
                 self._free_finishing()
             # else they keep their place in the running set, skipped by the next schedule
         else:
