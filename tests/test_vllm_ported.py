@@ -362,12 +362,19 @@ def run_ours(name: str):
     last_arrival = max(a for a, _ in arrivals)
     steps, preempted, admitted = [], {}, {}
     step = 0
-    while step <= last_arrival or loop.has_work:
+    batch = None
+    while step <= last_arrival or loop.has_work or batch is not None:
         assert step < 500, f"{name}: not finished after 500 steps"
         for arrive, req in arrivals:
             if arrive == step:
                 s = loop.arrive(req, float(step))
                 assert s.status is Status.WAITING, s.reject_reason
+        # the step before completes after the arrivals its successor's schedule sees: under async scheduling
+        # vLLM schedules step N before step N-1's outputs are back (an arrival before that schedule is
+        # live when they come back, as the simulator's held arrivals are)
+        if batch is not None:
+            loop.complete(batch, step - 0.5)
+            kv.check_invariants([*loop.live.values(), *loop.finishing])
         calls.clear()
         batch = loop.plan(float(step))
         for k, (plan, fresh) in enumerate(calls):
@@ -384,9 +391,6 @@ def run_ours(name: str):
             adm = {names[s.req.id]: s.num_computed for s, _ in items if s.req.id in fresh}
             if adm:
                 admitted[step] = adm
-        if batch is not None:
-            loop.complete(batch, step + 0.5)
-        kv.check_invariants([*loop.live.values(), *loop.finishing])
         step += 1
     while steps and not steps[-1]:  # as vLLM's record (async: the schedules while the last outputs drain)
         steps.pop()

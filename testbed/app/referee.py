@@ -141,16 +141,27 @@ class Lockstep:
         self.verdict = Verdict(keep_all)
         self.arrived = 0
         self.end = 0.0
+        self.running = None  # the last step's batch, completed once the next step's arrivals are in
 
     def _arrive(self, t: float, req: Request) -> None:
         if self.loop.arrive(req, t).status is not Status.REJECTED:
             self.executor.arrive(req)
+
+    def _complete(self) -> None:
+        """The step before completes after the requests the next schedule saw have arrived: under async
+        scheduling vLLM schedules a step before the previous one's outputs are back, so those requests are
+        live when the outputs come (as the simulator's held arrivals are); synchronously the order changes
+        nothing for the `vllm` policies."""
+        if self.running is not None:
+            self.loop.complete(self.running, self.end)
+            self.running = None
 
     def step(self, d) -> None:
         loop, delivered = self.loop, self.delivered
         while self.arrived < d.num_delivered:
             self._arrive(*delivered[self.arrived])
             self.arrived += 1
+        self._complete()
         before = [(s, s.num_preemptions) for s in loop.running]  # (async: a request finishing is running, not live)
         batch = loop.plan(d.start) if loop.has_work else None
         ours = {s.req.id: n for s, n in batch.items} if batch is not None else {}
@@ -158,13 +169,15 @@ class Lockstep:
         self.verdict.add(StepCheck(self.verdict.compared, d.start, d.tokens, ours, d.preempted, preempted))
         if batch is not None:
             self.executor.execute(batch)
-            loop.complete(batch, d.end)
+            self.running = batch
         self.end = d.end
 
     def close(self) -> tuple[Verdict, ReplayOutcome]:
-        loop, verdict, end = self.loop, self.verdict, self.end
+        loop, verdict = self.loop, self.verdict
         for t, req in self.delivered[self.arrived:]:
             self._arrive(t, req)
+        self._complete()
+        end = self.end
         while loop.has_work and verdict.extra_steps < 100_000:
             batch = loop.plan(end)
             if batch is None:
