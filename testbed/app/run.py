@@ -23,7 +23,8 @@ from testbed.app.vllm_native_run import simulate_native
 from testbed.core.request import Request
 from testbed.core.specs import ModelSpec
 from testbed.sim.sessions import SESSION_REPLAYS, ClosedLoopSessions
-from testbed.sim.simulation import Simulation, gc_paused
+from testbed.core.event_run import gc_paused
+from testbed.sim.simulation import Simulation
 from testbed.vllm_backend.native_sim import NATIVE_POLICY
 
 

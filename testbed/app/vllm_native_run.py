@@ -16,7 +16,7 @@ from testbed.app.frontend import to_engine_queue
 from testbed.app.run_setup import RunResult, Setup, async_scheduling, finish, prepare, progress_bar
 from testbed.core.request import Request
 from testbed.core.specs import ModelSpec
-from testbed.sim.simulation import gc_paused
+from testbed.core.event_run import gc_paused
 from testbed.vllm_backend.native_sim import NativeSettings, NativeSimulation, VLLMNativeKnobs
 
 

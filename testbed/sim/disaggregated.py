@@ -44,7 +44,8 @@ from testbed.core.request import Request, RequestState, Status
 from testbed.core.router import ReplicaView, Router
 from testbed.sim.decode_runs import StepwiseRun, deferrable, moved_timeout
 from testbed.sim.kv_link import KVLink
-from testbed.sim.simulation import _has_arrival_hook, _never, _Stopped, run_until
+from testbed.core.event_run import Stopped, run_until
+from testbed.sim.simulation import _has_arrival_hook, _never
 
 _INF = float("inf")
 
@@ -159,7 +160,7 @@ class DisaggSimulation:
             if req.arrival > env.now:
                 yield env.timeout(req.arrival - env.now)
             if self._stop():
-                raise _Stopped
+                raise Stopped
             h = Handoff(req)
             self.handoffs.append(h)
             self._delivered += 1
@@ -183,7 +184,7 @@ class DisaggSimulation:
         loop, step_time = pool.loops[i], pool.cost.step_time
         while True:
             if self._stop():
-                raise _Stopped
+                raise Stopped
             batch = loop.plan(env.now) if loop.has_work else None
             if batch is None:
                 if self._arrivals_done and not self._holding[i]:  # held KV frees when its transfer lands
@@ -263,7 +264,7 @@ class DisaggSimulation:
         loop, step_time = pool.loops[j], pool.cost.step_time
         while True:
             if self._stop():
-                raise _Stopped
+                raise Stopped
             batch = loop.plan(env.now) if loop.has_work else None
             if batch is None:
                 if self._upstream_done():

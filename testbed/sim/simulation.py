@@ -35,9 +35,7 @@ merged steps stay exact.
 """
 from __future__ import annotations
 
-import gc
 import heapq
-from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from typing import Callable, Sequence
@@ -45,6 +43,7 @@ from typing import Callable, Sequence
 import simpy
 
 from testbed.core.cost import CostModel, decode_run_ends
+from testbed.core.event_run import Stopped, run_until
 from testbed.core.loop import ReplayOutcome, StepLoop
 from testbed.core.policy import BasePolicy
 from testbed.core.request import Request, RequestState, Status
@@ -53,36 +52,6 @@ from testbed.sim.decode_runs import DeferredRun, DeliveryLog, deferrable, moved_
 from testbed.sim.sessions import ClosedLoopSessions
 
 _INF = float("inf")
-
-
-class _Stopped(Exception):
-    """Raised inside a process at a safe point when a stop was asked for; ends env.run()."""
-
-
-@contextmanager
-def gc_paused():
-    """The cyclic GC off for a block. A run allocates many long-lived objects and frees few:
-    the GC's passes over them cost a quarter of the wall time and reclaim nothing, and
-    turning it back on before the results are built makes their first allocation pay
-    one full pass over every request state (0.3 s on the Azure conv trace)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def run_until(env: simpy.Environment, horizon_s: float | None) -> bool:
-    """Run the processes to the horizon (or until none is left), the GC paused; True when a stop
-    request ended it early (`_Stopped` raised at a safe point)."""
-    with gc_paused():
-        try:
-            env.run(until=horizon_s)
-        except _Stopped:
-            return True
-    return False
 
 
 class Simulation:
@@ -174,7 +143,7 @@ class Simulation:
                 yield timeout
                 self._chain = self._delivered
             if self._stop():
-                raise _Stopped
+                raise Stopped
             self._deliver(req)
             self._delivered += 1
             if self.progress is not None and not self._delivered & 1023:
@@ -187,7 +156,7 @@ class Simulation:
         env, loop, step_time = self.env, self.loops[i], self.cost_model.step_time
         while True:
             if self._stop():
-                raise _Stopped
+                raise Stopped
             batch = loop.plan(env.now) if loop.has_work else None
             if self._held[i]:  # seen by the plan after this one
                 self._release(i)
@@ -400,7 +369,7 @@ class Simulation:
         turn = self._released.pop(rid)
         if self._stop():
             self._released[rid] = turn  # not arrived, as an interrupted arrival process leaves it
-            raise _Stopped
+            raise Stopped
         self._deliver(replace(turn, arrival=self.env.now))
 
     def _reject_turns(self, i: int, pid: int, reason: str) -> None:

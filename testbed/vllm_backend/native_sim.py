@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from testbed.core.bounds import bounded
-from testbed.core.cost import BatchShape
+from testbed.core.cost import BatchShape, add_work
+from testbed.core.event_run import Stopped, run_until
 from testbed.core.kv import prefix_block_keys
 from testbed.core.loop import ReplayOutcome, StepSeries, record_token, reject_reason
 from testbed.core.policy import PolicyKnobs
 from testbed.core.request import Request, RequestState, Status
-from testbed.sim.simulation import _Stopped, run_until
 from testbed.vllm_backend import require_vllm
 from testbed.vllm_backend.recording import StepDecision
 from testbed.vllm_backend.replay import KVStats, VLLMRun
@@ -235,26 +235,15 @@ class NativeSimulation:
             s.prefix_hit_tokens += hit
             kv.hit_tokens += hit
             kv.queried_tokens += r.num_tokens
-        shape = BatchShape()
-        prefill_tokens = prefill_seqs = decode_seqs = decode_kv = prefill_kv = 0
-        pairs = 0.0
-        sampled = []
+        sampled, work = [], []
         for rid, n in tokens.items():
             r = requests[rid]
             after = r.num_computed_tokens  # _update_after_schedule advanced it by n
-            offset = after - n
             full = after >= r.num_tokens  # not a partial prefill chunk: the step samples a token
             sampled.append([SAMPLED_TOKEN] if full else [])
-            if n == 1 and full and offset >= r.num_prompt_tokens:  # add_work's rule (testbed/core/cost.py)
-                decode_seqs += 1
-                decode_kv += offset + 1
-            else:
-                prefill_tokens += n
-                prefill_seqs += 1
-                prefill_kv += offset + n
-                pairs += n * (offset + (n + 1) / 2)
-        shape.num_prefill_tokens, shape.num_prefill_seqs, shape.prefill_attn_pairs = prefill_tokens, prefill_seqs, pairs
-        shape.prefill_kv_tokens, shape.num_decode_seqs, shape.decode_kv_tokens = prefill_kv, decode_seqs, decode_kv
+            work.append((after - n, n, n == 1 and full and after - n >= r.num_prompt_tokens))  # (offset, n, decode)
+        shape = BatchShape()
+        add_work(shape, work)  # the simulator's rule for a batch's features (testbed/core/cost.py)
         start = max(now, gpu_free)
         end = start + self.step_time(shape) if tokens else start
         for rid in admitted:
@@ -265,8 +254,8 @@ class NativeSimulation:
             series = self.run_record.series
             series.start.append(start)
             series.duration.append(end - start)
-            series.prefill_tokens.append(prefill_tokens)
-            series.decode_tokens.append(decode_seqs)
+            series.prefill_tokens.append(shape.num_prefill_tokens)
+            series.decode_tokens.append(shape.num_decode_seqs)
             series.running.append(len(sched.running))
             series.waiting.append(len(sched.waiting))
             pool = sched.kv_cache_manager.block_pool
@@ -315,7 +304,7 @@ class NativeSimulation:
 
     def _check_stop(self) -> None:
         if self._stop():
-            raise _Stopped
+            raise Stopped
 
     def _arrivals(self):
         env = self.env
