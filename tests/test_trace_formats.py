@@ -217,6 +217,10 @@ def test_burstgpt_sessions_and_row_filter(tmp_path):
         traces.load_burstgpt(f, row_filter={"Session ID": "s1"})
     with pytest.raises(ValueError, match="format=burstgpt only"):
         traces.load_trace(f, "azure_2024", row_filter={"Model": "GPT-4"})
+    # a filter that keeps nothing names itself and what the file holds (it once said "no data rows")
+    with pytest.raises(ValueError, match=r"trace.row_filter=\{'Model': 'GPT-5'\} keeps none of the 4 rows of .*b2\.csv "
+                                         r"\(the values there: Model: ChatGPT, GPT-4\)"):
+        traces.load_burstgpt(f, row_filter={"Model": "GPT-5"})
 
 
 def test_burstgpt_reads_the_session_column_under_either_name(tmp_path):
@@ -253,6 +257,14 @@ def test_vidur_lengths_feed_the_generators(tmp_path):
     assert len(reqs) == 50 and {(r.prompt_len, r.output_len) for r in reqs} <= {(3772, 54), (2015, 156)}
     with pytest.raises(ValueError, match="lengths but no arrival times"):
         build_requests(trace_cfg(path=str(f), format="vidur"), 0)
+
+
+def test_a_lengths_file_that_gives_no_lengths_is_named(tmp_path):
+    header_only = write(tmp_path, "h.csv", VIDUR.splitlines()[0] + "\n")
+    with pytest.raises(ValueError, match=r"trace.lengths_from=.*h\.csv: no lengths to sample from .*h\.csv: it has no "
+                                         r"data rows"):
+        build_requests(trace_cfg(kind="poisson", rate=2.0, num_requests=5, lengths_from=str(header_only),
+                                 lengths_format="vidur"), 0)
 
 
 @pytest.mark.parametrize("row, field", [("12,0,12,inf", "num_decode_tokens"), (",5,5,0", "num_prefill_tokens")])

@@ -228,6 +228,19 @@ def test_csv_line_numbers_with_blank_lines_crlf_bom_and_quoted_newlines(tmp_path
                              lenient=True).requests[0].source == "quoted.csv:2"
 
 
+def test_cr_only_line_endings_are_lines_too(tmp_path):
+    """Classic Mac line endings (CR alone): each line a record, its line number named in an error (the
+    fast reader once raised a bare `_csv.Error` naming no file)."""
+    f = tmp_path / "mac.csv"
+    f.write_bytes((HEADER + GOOD[0] + "2023-11-16 18:15:51.0,7,-2\n").replace("\n", "\r").encode())
+    with pytest.raises(TraceError, match=r"mac\.csv:3: field 'GeneratedTokens': negative"):
+        traces.load_azure(f)
+    ok = tmp_path / "mac_ok.csv"
+    ok.write_bytes((HEADER + "".join(GOOD)).replace("\n", "\r").encode())
+    load = traces.load_azure(ok)
+    assert len(load.requests) == len(GOOD) and load.requests[-1].source == f"mac_ok.csv:{len(GOOD) + 1}"
+
+
 def test_empty_and_header_only_files(tmp_path):
     empty = tmp_path / "empty.csv"
     empty.write_text("")

@@ -99,6 +99,24 @@ def test_a_missing_key_names_the_file_and_the_key(tmp_path):
         load_run(d)
 
 
+def test_text_where_a_number_belongs_names_the_file_the_key_and_the_value(tmp_path):
+    """It once said only "could not convert string to float"."""
+    d = write_run(tmp_path, "r1", "org/Small-1b", SMALL, [(4.0, 20.0)])
+    f = d / "results" / "stage_0_lifecycle_metrics.json"
+    good = f.read_text()
+    data = json.loads(good)
+    data["successes"]["latency"]["request_latency"]["mean"] = "fast"
+    f.write_text(json.dumps(data))
+    with pytest.raises(RealRunError, match=r"stage_0_lifecycle_metrics.json: key 'successes.latency.request_latency.mean': "
+                                           r"expected a number, got 'fast'"):
+        load_run(d)
+    f.write_text(good)
+    exp = d / "exp-config.yaml"
+    exp.write_text(exp.read_text().replace("max_num_seqs:", "max_num_seqs: lots #"))
+    with pytest.raises(RealRunError, match=r"exp-config.yaml: key 'max_num_seqs': expected an integer, got 'lots'"):
+        load_run(d)
+
+
 def test_the_shared_prefix_workload_is_rebuilt():
     reqs, starts = shared_prefix_requests(num_groups=3, prompts_per_group=4, system_prompt_len=100, question_len=250,
                                           output_len=50, stages=[(5.0, 10.0), (10.0, 10.0)], prompt_scale=1.04,

@@ -145,17 +145,18 @@ def load_run(path: str | Path) -> RealRun:
     exp_file, resolved_file = d / "exp-config.yaml", d / "results" / "config.yaml"
     exp, resolved = _read(exp_file, yaml.safe_load), _read(resolved_file, yaml.safe_load)
     model_id = str(_at(exp, "model", exp_file))
-    workload = SharedPrefixWorkload(*(int(_at(resolved, f"data.shared_prefix.{k}", resolved_file)) for k in
+    workload = SharedPrefixWorkload(*(_num(resolved, f"data.shared_prefix.{k}", resolved_file, int) for k in
                                       ("num_groups", "num_prompts_per_group", "system_prompt_len", "question_len",
                                        "output_len")))
     stages = tuple(_stage(d, i, s) for i, s in enumerate(_at(resolved, "load.stages", resolved_file)))
     return RealRun(
         name=d.name, path=d, model_id=model_id, model_config=_model_config(d, model_id),
-        tensor_parallel=int(exp.get("tensor_parallelism", 1)), pipeline_parallel=int(exp.get("pipeline_parallelism", 1)),
-        max_model_len=int(_at(exp, "max_model_len", exp_file)),
-        max_num_batched_tokens=int(_at(exp, "max_num_batched_tokens", exp_file)),
-        max_num_seqs=int(_at(exp, "max_num_seqs", exp_file)),
-        gpu_memory_utilization=float(exp.get("gpu_memory_utilization", 0.9)),
+        tensor_parallel=_num(exp, "tensor_parallelism", exp_file, int, 1),
+        pipeline_parallel=_num(exp, "pipeline_parallelism", exp_file, int, 1),
+        max_model_len=_num(exp, "max_model_len", exp_file, int),
+        max_num_batched_tokens=_num(exp, "max_num_batched_tokens", exp_file, int),
+        max_num_seqs=_num(exp, "max_num_seqs", exp_file, int),
+        gpu_memory_utilization=_num(exp, "gpu_memory_utilization", exp_file, float, 0.9),
         async_scheduling=bool(exp.get("async_scheduling", True)),
         workload=workload, stages=stages, whole=_whole(d))
 
@@ -190,15 +191,15 @@ def _stage(d: Path, i: int, asked: dict) -> Stage:
         raise RealRunError(f"{f}: missing (results/config.yaml lists {i + 1} or more stages)")
     m = _read(f, json.loads)
     where = f"{d / 'results/config.yaml'}: load.stages[{i}]"
-    sent, duration = int(_at(m, "load_summary.count", f)), float(_at(asked, "duration", where))
+    sent, duration = _num(m, "load_summary.count", f, int), _num(asked, "duration", where, float)
     return Stage(
-        rate=float(_at(asked, "rate", where)), duration_s=duration, num_requests=sent,
-        succeeded=int(_at(m, "successes.count", f)), failed=int((m.get("failures") or {}).get("count") or 0),
-        achieved_rate=float(m["load_summary"].get("achieved_rate") or sent / duration),
-        completed_rate=float(_at(m, "successes.throughput.requests_per_sec", f)),
-        mean_prompt_len=float(_at(m, "successes.prompt_len.mean", f)),
-        mean_ttft_s=float(_at(m, "successes.latency.time_to_first_token.mean", f)),
-        mean_e2e_s=float(_at(m, "successes.latency.request_latency.mean", f)), measured=_measured(m))
+        rate=_num(asked, "rate", where, float), duration_s=duration, num_requests=sent,
+        succeeded=_num(m, "successes.count", f, int), failed=_num(m.get("failures") or {}, "count", f, int, 0),
+        achieved_rate=_num(m["load_summary"], "achieved_rate", f, float, sent / duration) or sent / duration,
+        completed_rate=_num(m, "successes.throughput.requests_per_sec", f, float),
+        mean_prompt_len=_num(m, "successes.prompt_len.mean", f, float),
+        mean_ttft_s=_num(m, "successes.latency.time_to_first_token.mean", f, float),
+        mean_e2e_s=_num(m, "successes.latency.request_latency.mean", f, float), measured=_measured(m))
 
 
 def _model_config(d: Path, model_id: str) -> Path:
@@ -222,6 +223,20 @@ def _read(f: Path, parse) -> dict:
     if not isinstance(data, dict):
         raise RealRunError(f"{f}: expected a mapping at the top")
     return data
+
+
+def _num(node: object, dotted: str, where: object, kind=float, default=None):
+    """The number at a dotted key path (`kind`: int or float; `default` where the key may be absent), or an error
+    naming the file, the key and the value."""
+    v = default if default is not None and (not isinstance(node, dict) or node.get(dotted) is None) \
+        else _at(node, dotted, where)
+    try:
+        if isinstance(v, bool):
+            raise ValueError
+        return kind(v)
+    except (TypeError, ValueError):
+        raise RealRunError(f"{where}: key {dotted!r}: expected {'an integer' if kind is int else 'a number'}, "
+                           f"got {v!r}") from None
 
 
 def _at(node: object, dotted: str, where: object):

@@ -107,7 +107,11 @@ def build_requests(tc: DictConfig, seed: int, notes: dict | None = None
                                rate_scale=tc.servegen_rate_scale)
     elif tc.kind in ("poisson", "gamma"):
         if tc.lengths_from:
-            lengths = traces.load_trace(tc.lengths_from, tc.lengths_format, lengths_only=True).requests
+            source = traces.load_trace(tc.lengths_from, tc.lengths_format, lengths_only=True)
+            lengths = source.requests
+            if not lengths:  # (a bad row fails the load itself, naming its line)
+                raise ValueError(f"trace.lengths_from={tc.lengths_from}: no lengths to sample from {source.path}: it "
+                                 "has no data rows")
         elif tc.prompt_len and tc.output_len:
             lengths = (tc.prompt_len, tc.output_len)
         elif tc.lengths_format in traces.formats.SOURCES:

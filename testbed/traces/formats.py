@@ -439,6 +439,10 @@ def load_burstgpt(path: str | os.PathLike, *, lenient: bool = False,
     keep = np.ones(load.rows, dtype=bool)
     for k, v in filters.items():
         keep &= np.array([c == v for c in cells[k]], dtype=bool)
+    if load.rows and not keep.any():  # say what the file holds, not that it has no rows
+        held = "; ".join(f"{k}: {', '.join(sorted({str(c) for c in cells[k]})[:10])}" for k in filters)
+        raise ValueError(f"trace.row_filter={dict(filters)} keeps none of the {load.rows} rows of {p} "
+                         f"(the values there: {held})")
     reqs = [r for r in load.requests if keep[r.id]]
     rej = [r for r in load.rejected if keep[r.id]]
     return TraceLoad(reqs, rej, load.path, len(reqs) + len(rej))

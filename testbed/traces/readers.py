@@ -142,6 +142,8 @@ def read_csv(p: Path, delimiter: str, wanted: list[str]) -> Table:
         raise TraceError(str(p), data[:e.start].count(b"\n") + 1, ROW, f"not UTF-8 text ({e.reason})") from None
     if data.startswith(_BOM):
         data = data[len(_BOM):]
+    if b"\r" in data and b"\n" not in data:  # classic Mac line endings (CR only): a line is a record all the same
+        data = data.replace(b"\r", b"\n")
     fast = _read_csv_arrow(p, data, delimiter, wanted) if len(delimiter.encode()) == 1 else None
     return fast if fast is not None else _read_csv_python(p, data.decode("utf-8"), delimiter, wanted)
 
@@ -185,7 +187,10 @@ def _read_csv_arrow(p: Path, data: bytes, delimiter: str, wanted: list[str]) -> 
     if not len(records):
         raise TraceError(str(p), 1, "<header>", "the file is empty: expected a header line naming the columns")
     h, rows = records[0], records[1:]
-    header = [c.strip() for c in next(csv.reader([data[starts[h]:ends[h]].decode("utf-8")], delimiter=delimiter))]
+    try:
+        header = [c.strip() for c in next(csv.reader([data[starts[h]:ends[h]].decode("utf-8")], delimiter=delimiter))]
+    except csv.Error:
+        return None  # the csv module's line-by-line reader names the file and line of what it cannot read
     width, header_line = len(header), int(first_lines[h])
     if width != fields[h]:
         return None  # a quoted newline in the header: leave it to the csv module
