@@ -236,3 +236,11 @@ def test_a_stalled_sweep_job_is_listed_as_stalled(tmp_path, stalling_policy):
 
     page = build_report(sweep).read_text()  # the report plots only the complete runs
     assert "1 jobs; policies: vllm " in page
+
+
+def test_an_unwritable_output_folder_fails_before_the_run(tmp_path):
+    """Checked at start, naming the key (it once failed only after the whole run, losing it)."""
+    proc = run_testbed(["output.dir=/proc/no_such_dir/run", "trace.max_requests=5"], tmp_path)
+    assert proc.returncode != 0
+    assert "output.dir=/proc/no_such_dir/run: the results cannot be written there" in proc.stderr
+    assert "simulated in" not in proc.stdout  # nothing ran

@@ -32,7 +32,10 @@ compose_once.install()
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
+    from testbed.app.results import check_writable
+
     check_config(cfg)
+    check_writable(cfg.output.dir)
     done = _finished_before(cfg)
     if done is not None:
         print(f"skipped: {cfg.output.dir} already holds the results of this exact config")

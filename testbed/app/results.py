@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -93,6 +94,19 @@ def run_status(out_dir: str | Path) -> str | None:
     if summary.get("stalled"):
         return "stalled"
     return "ok"
+
+
+def check_writable(out_dir: str | Path, key: str = "output.dir") -> None:
+    """Fail at the start, naming the key, where the results could not be written at the end (a whole run
+    lost to an unwritable folder): the folder is made and a file written and removed in it."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise OSError(f"{key}={out_dir}: the results cannot be written there ({e.strerror or e}); choose a "
+                      "writable folder") from None
 
 
 def write_results(out_dir: str | Path, requests: pd.DataFrame, steps: pd.DataFrame | None, summary: dict,
