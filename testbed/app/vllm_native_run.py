@@ -23,7 +23,7 @@ from testbed.vllm_backend.native_sim import NativeSettings, NativeSimulation, VL
 def scheduler_settings(cfg: DictConfig, setup: Setup) -> NativeSettings:
     """vLLM's scheduler settings from the config: the knobs, scheduler.*, kv.*, and the KV blocks the
     hardware holds (`setup.device_blocks`, as the simulator sizes the cache for any policy)."""
-    knobs = VLLMNativeKnobs(**{k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items()})
+    knobs = VLLMNativeKnobs(**OmegaConf.to_container(cfg.policy, resolve=True))
     lim = setup.limits
     return NativeSettings(num_blocks=setup.device_blocks, block_size=cfg.kv.block_size,
                           max_model_len=lim.max_model_len, max_num_seqs=lim.max_num_seqs,
@@ -34,6 +34,7 @@ def scheduler_settings(cfg: DictConfig, setup: Setup) -> NativeSettings:
 
 def native_simulation(cfg: DictConfig, setup: Setup, requests: list[Request], on_step=None,
                       progress=None) -> NativeSimulation:
+    """The simulation of `requests` (the trace after the front end) with vLLM's scheduler built from the config."""
     return NativeSimulation(requests, scheduler_settings(cfg, setup), setup.cost.step_time, cfg.backend.horizon_s,
                             cfg.output.record_token_times, on_step, progress)
 
