@@ -270,7 +270,8 @@ class StepLoop:
                 kv.evict_to_free(-(-plan.keep_free[s.req.id] // bs))
         # SGLang's order: every admission locks its cached prefix before the batch's KV is
         # allocated (and the cache evicted for it: alloc_for_extend, mem_cache/allocation.py L374)
-        acquired = tracks_lookups and self._acquire_prefixes(plan)
+        if tracks_lookups:
+            self._acquire_prefixes(plan)
         admitted = 0
         cache_decode = kv.cache_decode
         in_flight = self.in_flight
@@ -289,7 +290,7 @@ class StepLoop:
                     swap_in = swap_in or []
                     swap_in.append((s, s.blocks[:moved]))
                 else:  # never more hit than leaves the plan's n tokens to compute
-                    if not acquired:
+                    if not tracks_lookups:
                         s.num_computed = kv.acquire_prefix(s, s.known_len - n)
                         s.prefix_hit_tokens += s.num_computed
                     if self._offload:  # the host-tier blocks its hit loaded cross the host link before the step
@@ -344,14 +345,13 @@ class StepLoop:
                 if s.status is _WAITING:
                     kv.touch(s, s.known_len - n)
 
-    def _acquire_prefixes(self, plan: Plan) -> bool:
+    def _acquire_prefixes(self, plan: Plan) -> None:
         """Attach every admitted request's cached prefix before any of the plan's allocations."""
         kv = self.kv
         for s, n in plan.items:
             if s.status is _WAITING:
                 s.num_computed = kv.acquire_prefix(s, s.known_len - n)
                 s.prefix_hit_tokens += s.num_computed
-        return True
 
     def extend_decode_run(self, batch: Batch, step_time, next_arrival: float, horizon: float,
                           allocate: bool = True) -> bool:
@@ -468,8 +468,9 @@ class StepLoop:
         first, end = ends[0], ends[-1]
         append, extend = self.itl.append, self.itl.extend  # once per request per run
         any_finished = False
-        if self._next_in_flight() is not None:
-            self.in_flight = {s for s, _ in batch.items}
+        in_flight = self._next_in_flight()
+        if in_flight is not None:
+            in_flight.update(s for s, _ in batch.items)
         for s, _ in batch.items:
             append(first - s.last_token_time)
             extend(gaps)
@@ -532,7 +533,7 @@ class StepLoop:
             if s.blocks and (s.status is _RUNNING or s.status is _FINISHED):
                 if s.num_computed // bs > s.num_cached_blocks:
                     kv.register(s, s.num_computed)
-        self.in_flight = set()
+        self.in_flight = None  # the next step's completion makes its own
 
     def _free_finishing(self) -> None:
         """Free the requests that finished in the step before, in the order of its outputs (vLLM's

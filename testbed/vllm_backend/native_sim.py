@@ -39,7 +39,7 @@ from testbed.core.bounds import bounded
 from testbed.core.cost import BatchShape, add_work
 from testbed.core.event_run import Stopped, run_until
 from testbed.core.kv import prefix_block_keys
-from testbed.core.loop import ReplayOutcome, StepSeries, record_token, reject_reason
+from testbed.core.loop import ReplayOutcome, record_token
 from testbed.core.policy import PolicyKnobs
 from testbed.core.request import Request, RequestState, Status
 from testbed.vllm_backend import require_vllm
@@ -199,13 +199,8 @@ class NativeSimulation:
         from vllm.v1.request import Request as VRequest
 
         self.delivered.append((now, req))
-        s = RequestState(req)
-        self.run_record.states.append(s)
-        if self.record_token_times:
-            s.token_times = []
-        reason = reject_reason(req, self.settings.max_model_len, self.run_record.kv)
-        if reason:
-            s.status, s.reject_reason, s.finish_time = Status.REJECTED, reason, now
+        s = self.run_record.arrive(req, now, self.settings.max_model_len, self.record_token_times)
+        if s.status is Status.REJECTED:
             return
         rid = str(req.id)
         self.live[rid] = s

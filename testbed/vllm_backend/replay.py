@@ -47,6 +47,18 @@ class VLLMRun:
     itl: list[float] = field(default_factory=list)
     series: StepSeries = field(default_factory=StepSeries)
 
+    def arrive(self, req: Request, now: float, max_model_len: int, record_token_times: bool) -> RequestState:
+        """The arriving request's state, kept; rejected at once (REJECTED, with the reason) when it can never
+        be served: longer than the context or than the whole cache (vLLM would raise, or wait forever)."""
+        s = RequestState(req)
+        self.states.append(s)
+        if record_token_times:
+            s.token_times = []
+        reason = reject_reason(req, max_model_len, self.kv)
+        if reason:
+            s.status, s.reject_reason, s.finish_time = Status.REJECTED, reason, now
+        return s
+
 
 def sampling_params(req: Request):
     """Exactly the trace's output length, greedy; each step's output holds only its new tokens."""
@@ -108,13 +120,8 @@ class VLLMReplay(WallClockReplay):
 
     def _arrive(self, req: Request, now: float) -> None:
         self.delivered.append((now, req))
-        s = RequestState(req)
-        self.run_record.states.append(s)
-        if self.record_token_times:
-            s.token_times = []
-        reason = reject_reason(req, self.max_model_len, self.run_record.kv)
-        if reason:
-            s.status, s.reject_reason, s.finish_time = Status.REJECTED, reason, now
+        s = self.run_record.arrive(req, now, self.max_model_len, self.record_token_times)
+        if s.status is Status.REJECTED:
             return
         internal = self.engine.add_request(str(req.id), {"prompt_token_ids": self.prompt_tokens(req)},
                                            sampling_params(req),
