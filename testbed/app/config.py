@@ -380,7 +380,12 @@ def trace_name(default: str, path: Optional[str], default_path: Optional[str]) -
 def register_configs() -> None:
     from testbed.app.plugins import load_policies, load_routers
 
+    from testbed.app.job_dirs import safe_dirname
+
     OmegaConf.register_new_resolver("trace_name", trace_name, replace=True)
+    # a sweep job's folder from its overrides (conf/config.yaml: hydra.sweep.subdir); registered here, where every
+    # process that runs a job registers it: the launchers' workers import the task function's module (testbed.app.cli)
+    OmegaConf.register_new_resolver("safe_dirname", safe_dirname, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="testbed_schema", node=TestbedConfig)
     cs.store(group="trace", name="trace_schema", node=TraceConfig)

@@ -43,14 +43,12 @@ def collect(sweep_dir: str | Path) -> pd.DataFrame:
     import pandas as pd
 
     root = Path(sweep_dir)
-    jobs = sorted(d for d in root.iterdir() if d.is_dir() and any((d / f).exists() for f in _JOB_FILES)) \
-        if root.is_dir() else []
     rows = []
-    for job in jobs:
+    for job in _job_folders(root):
         status = run_status(job)
         if status is None:
             status = "ok" if (job / "capacity.json").exists() else "failed: no results (its process ended early)"
-        row = {"job": job.name, "status": status}
+        row = {"job": job.relative_to(root).as_posix(), "status": status}
         overrides = job / ".hydra" / "overrides.yaml"
         if overrides.exists():
             row["overrides"] = " ".join(yaml.safe_load(overrides.read_text()) or [])
@@ -64,6 +62,26 @@ def collect(sweep_dir: str | Path) -> pd.DataFrame:
             row.update({k: v for k, v in json.loads(summary.read_text()).items() if not isinstance(v, (dict, list))})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _job_folders(root: Path) -> list[Path]:
+    """The folders below `root` that a job wrote, sorted. Each job has its own folder directly in the sweep
+    folder (conf/config.yaml: hydra.sweep.subdir); deeper ones are found too, where a `hydra.sweep.subdir` of
+    one's own nests them (a '/' in it, or the raw `${hydra.job.override_dirname}` of a file-valued override),
+    so that the table still lists every job. A job's folder is not searched further, nor hidden ones
+    (`.submitit`), nor links (a loop)."""
+    if not root.is_dir():
+        return []
+    jobs, todo = [], [root]
+    while todo:
+        for d in todo.pop().iterdir():
+            if d.name.startswith(".") or d.is_symlink() or not d.is_dir():
+                continue
+            if any((d / f).exists() for f in _JOB_FILES):
+                jobs.append(d)
+            else:
+                todo.append(d)
+    return sorted(jobs)
 
 
 def write_sweep_table(sweep_dir: str | Path) -> pd.DataFrame:
