@@ -34,20 +34,25 @@ compose_once.install()
 def main(cfg: DictConfig) -> dict:
     from testbed.app.results import check_writable
 
+    from testbed.app.inputs import forget_inputs, read_inputs, write_inputs
+
     check_config(cfg)
     check_writable(cfg.output.dir)
-    done = _finished_before(cfg)
+    inputs = read_inputs(cfg)  # before the run: the data it reads, not what the file may have become by its end
+    done = _finished_before(cfg, inputs)
     if done is not None:
-        print(f"skipped: {cfg.output.dir} already holds the results of this exact config")
+        print(f"skipped: {cfg.output.dir} already holds the results of this exact config and its input files")
         return done
     from testbed.app.run_setup import in_multirun
 
+    forget_inputs(cfg.output.dir)
     if in_multirun():  # a sweep job: its work in a child, so that an OS kill ends this job only
         from testbed.app.isolated import run_isolated
 
         summary, signum = run_isolated(_run_and_write, cfg)
     else:
         summary, signum = _run_and_write(cfg)
+    write_inputs(cfg.output.dir, inputs)  # last: results with no record of their inputs are never skipped
     return _verdict(cfg, summary, signum)
 
 
@@ -133,9 +138,12 @@ def _offered_rate(cfg: DictConfig) -> float:
     return (len(reqs) - 1) / span * (1.0 / cfg.trace.rate_scale) if span > 0 else 0.0
 
 
-def _finished_before(cfg: DictConfig) -> dict | None:
-    """The summary of an earlier complete run of this very config in this folder, so reruns skip
-    it. A run that was interrupted, stalled or failed is not done: the rerun redoes it."""
+def _finished_before(cfg: DictConfig, inputs: dict) -> dict | None:
+    """The summary of an earlier complete run of this very config on these very input files
+    (`inputs`: testbed.app.inputs.read_inputs) in this folder, so reruns skip it. A run that was
+    interrupted, stalled or failed is not done: the rerun redoes it; so is one whose input files
+    changed since (a trace edited in place), which says so in one line."""
+    from testbed.app.inputs import changed_inputs
     from testbed.app.results import run_status
 
     out = Path(cfg.output.dir)
@@ -143,6 +151,10 @@ def _finished_before(cfg: DictConfig) -> dict | None:
     if not (cfg.output.skip_done and config.exists() and run_status(out) == "ok"):
         return None
     if config.read_text() != OmegaConf.to_yaml(cfg, resolve=True):
+        return None
+    why = changed_inputs(out, inputs)
+    if why is not None:
+        print(f"rerunning: {out} holds the results of this config, but {why}")
         return None
     return json.loads((out / "summary.json").read_text())
 

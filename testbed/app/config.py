@@ -227,7 +227,7 @@ class OutputConfig:
     record_token_times: bool = False  # per-token times in requests.parquet (large)
     write_steps: bool = True  # the per-step time series, steps.parquet
     print_table: bool = True
-    skip_done: bool = True  # a folder already holding this exact config's results is not run again
+    skip_done: bool = True  # a folder already holding this exact config's results, of the same input files, is not run again
     progress: Optional[bool] = None  # a progress bar; null: only on a terminal, never in CI or sweep workers
 
 
