@@ -81,7 +81,11 @@ def parallel_spec(cfg: DictConfig) -> ParallelSpec:
 def build_requests(tc: DictConfig, seed: int, notes: dict | None = None
                    ) -> tuple[list[Request], list[tuple[int, str, str]]]:
     """The trace's requests after transforms, and the rows the loader rejected (id, source, reason).
-    `notes` (when given) receives the summary keys the trace's handling adds (trace_spread)."""
+    `notes` (when given) receives the summary keys the trace's handling adds (trace_spread).
+
+    Nothing to simulate is an error (`_nothing_to_simulate`), but for a lenient load (trace.lenient=true)
+    whose selected rows were all rejected: lenient means "count bad rows, do not stop", so that run gets
+    no request and its rejected rows, and its results say no request was served."""
     rejected: list[tuple[int, str, str]] = []
     load = None
     if tc.kind == "file":
@@ -144,8 +148,11 @@ def build_requests(tc: DictConfig, seed: int, notes: dict | None = None
         reqs = traces.scale_rate(reqs, tc.rate_scale)
     if tc.max_prompt_len is not None or tc.max_output_len is not None:
         reqs = traces.cap_lengths(reqs, max_prompt=tc.max_prompt_len, max_output=tc.max_output_len)
-    if not reqs:
+    if not reqs and not (tc.lenient and rejected):
         raise ValueError(_nothing_to_simulate(tc, load))
+    if not reqs:  # lenient: count bad rows, do not stop; every row selected was bad, so none is served
+        log.warning("trace.lenient=true: all %d rows selected from %s were rejected (first: %s): nothing is "
+                    "served; the results count them", len(rejected), load.path if load else tc.kind, rejected[0][2])
     return reqs, rejected
 
 
