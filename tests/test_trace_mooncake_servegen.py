@@ -347,3 +347,78 @@ def test_bundled_servegen_sample_is_attributed():
     assert "Apache" in (folder / "LICENSE-APACHE").read_text()[:200]
     assert "servegen_language_sample" in (traces.DATA_DIR / "README.md").read_text()
     assert not any("servegen" in name for name in traces.bundled_traces())  # distributions, not request traces
+
+
+# ----------------------------------------------------------------------------- bounded generation (issue 25)
+
+def drawn_lengths(monkeypatch):
+    """How many requests' lengths each (client, window) drew: a spy on servegen's `_lengths`."""
+    import sys
+
+    sg = sys.modules["testbed.traces.servegen"]  # the module (the package's `servegen` is its function)
+    drawn, real = [], sg._lengths
+
+    def spy(pmfs, rng, n):
+        drawn.append(n)
+        if n > 100_000:  # what the unbounded generator drew at this rate: fail before holding it
+            raise AssertionError(f"drew {n} requests' lengths for a cut of a few hundred")
+        return real(pmfs, rng, n)
+
+    monkeypatch.setattr(sg, "_lengths", spy)
+    return drawn
+
+
+def test_servegen_max_requests_stops_at_the_windows_it_needs(tmp_path, monkeypatch):
+    data = traces.read_servegen(write_servegen(tmp_path / "sg"))
+    whole = traces.servegen(data, seed=3)
+    drawn = drawn_lengths(monkeypatch)
+    cut = traces.servegen(data, seed=3, max_requests=40)
+    assert cut == whole[:40]  # windows this small are drawn whole: exactly the uncut run's first requests
+    assert len(drawn) == 2  # the first window of each client, not the six
+    with pytest.raises(ValueError, match=r"max_requests=0 \(trace\.max_requests\)"):
+        traces.servegen(data, max_requests=0)
+
+
+def test_servegen_huge_rate_scale_generates_only_what_max_requests_keeps(monkeypatch):
+    """trace.servegen_rate_scale=1000000 trace.max_requests=1000 once drew every arrival of the hour
+    (21.5 GB) before the cut; at any scale only the first max_requests are drawn."""
+    cfg = compose("trace=servegen", "trace.servegen_rate_scale=1000000", "trace.max_requests=1000")
+    drawn = drawn_lengths(monkeypatch)
+    reqs, _ = build_requests(cfg.trace, 0)
+    assert len(reqs) == 1000 and sum(drawn) <= 3 * 1000
+    assert all(x.arrival <= y.arrival for x, y in zip(reqs, reqs[1:])) and reqs[0].arrival >= 0
+    # about 2.2e6 arrivals a second at this scale (the preset's first window): 1000 take about half a millisecond
+    assert reqs[-1].arrival - reqs[0].arrival == pytest.approx(1000 / 2.2e6, rel=0.5)
+
+
+@pytest.mark.parametrize("start", [600, 900])  # on a window's start, inside a window
+def test_servegen_cut_window_follows_the_uncut_law(tmp_path, monkeypatch, start):
+    """A window cut by max_requests draws its first gaps as the whole window does; inside a window (start_s
+    mid-window) its arrival times are the uncut ones exactly, on its start they differ only by the scaling
+    total drawn from the rest's law (Gamma: exact; within a few per cent at this size)."""
+    folder = write_servegen(tmp_path / "sg", windows=2)
+    for f in folder.glob("chunk-9-*"):
+        f.unlink()  # client 7 alone: 240,000 arrivals a window at this scale
+    data = traces.read_servegen(folder)
+    span = dict(seed=2, start_s=start, end_s=1200, rate_scale=200)
+    whole = traces.servegen(data, **span)[:300]
+    drawn = drawn_lengths(monkeypatch)
+    cut = traces.servegen(data, **span, max_requests=300)
+    assert drawn == [300] and len(cut) == 300 and cut[0].arrival >= start
+    got, want = np.array([r.arrival for r in cut]) - 600, np.array([r.arrival for r in whole]) - 600
+    if start == 900:
+        assert got == pytest.approx(want, rel=1e-9)
+    else:
+        assert got == pytest.approx(want, rel=0.05)
+
+
+def test_poisson_duration_stops_at_max_requests():
+    """A duration's generation honours max_requests: the first arrivals as num_requests draws them."""
+    cut = traces.poisson(1e6, duration=3600.0, lengths=(10, 5), seed=4, max_requests=100)
+    assert cut == traces.poisson(1e6, n=100, lengths=(10, 5), seed=4)
+    few = traces.gamma(1.0, 2.0, duration=5.0, lengths=(10, 5), seed=4, max_requests=100)
+    assert few == traces.gamma(1.0, 2.0, duration=5.0, lengths=(10, 5), seed=4)  # fewer than the cut: all of them
+    cfg = compose("trace=poisson", "trace.num_requests=null", "trace.duration_s=3600", "trace.rate=1000000",
+                  "trace.max_requests=50")
+    reqs, _ = build_requests(cfg.trace, 0)
+    assert len(reqs) == 50

@@ -39,12 +39,16 @@ def test_a_window_after_the_last_arrival_names_the_keys(tmp_path):
     assert len(build_requests(trace_cfg(f, start_s=1.0), 0)[0]) == 2
 
 
-def test_every_row_rejected_says_so(tmp_path):
+def test_every_row_rejected_is_counted_under_lenient_and_stops_a_strict_load(tmp_path):
+    """Lenient means "count bad rows, do not stop", even when all are bad: no request, every row rejected
+    (issue 25; it once stopped with 'nothing to simulate'). Strict stops at the first, naming it."""
     f = tmp_path / "bad.csv"
     f.write_text(HEADER + azure_rows([0, 1], prompt=0))
-    with pytest.raises(ValueError, match=r"nothing to simulate: all 2 rows of .*bad\.csv were rejected "
-                                         r"\(first: bad\.csv:2: field 'ContextTokens'"):
-        build_requests(trace_cfg(f, lenient=True), 0)
+    reqs, rejected = build_requests(trace_cfg(f, lenient=True), 0)
+    assert reqs == [] and [(i, src) for i, src, _ in rejected] == [(0, "bad.csv:2"), (1, "bad.csv:3")]
+    assert all(why.startswith("invalid-row: field ContextTokens") for _, _, why in rejected)
+    with pytest.raises(ValueError, match=r"bad\.csv:2: field 'ContextTokens'"):
+        build_requests(trace_cfg(f), 0)
 
 
 # ----------------------------------------------------------------------------- the trace's name

@@ -182,6 +182,9 @@ class BackendConfig:
     horizon_s: Optional[float] = bounded(None, gt=0)
     # merge steady decode steps into one event (exact; see StepLoop.extend_decode_run)
     fast_forward: bool = field(default=True, metadata={"sim_only": "the engine runs every step on the wall clock"})
+    # the memory a simulation may hold (GB); null: what the machine has (MemAvailable, or the cgroup's limit). A run
+    # estimated past it is refused at start, naming the key that sets the most (testbed/app/memory_budget.py)
+    memory_budget_gb: Optional[float] = bounded(None, gt=0, sim_only="the engine holds one replica")
     # vLLM's async scheduling: step N+1 is planned while step N runs, so an arrival during a step waits one more
     # step (testbed/sim/simulation.py). null: vLLM's own default (SchedulerConfig.async_scheduling = None, resolved
     # by VllmConfig, vllm/config/vllm.py L589-622 of 0.15.1): on, but off with ngram or draft-model speculative

@@ -20,8 +20,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.app.provenance import provenance
-from testbed.app.run_setup import (RunResult, build_requests, build_router, parallel_spec, prepare, progress_bar,
-                                   resolve_model_spec, spec_summary)
+from testbed.app.run_setup import (RunResult, build_requests, build_router, check_memory, parallel_spec, prepare,
+                                   progress_bar, resolve_model_spec, spec_summary)
 from testbed.app.frontend import to_engine_queue
 from testbed.app.metrics import request_table, summarize, take_itl_ms
 from testbed.core.request import Request, RequestState, Status
@@ -97,6 +97,8 @@ def simulate_disagg(cfg: DictConfig, stop: Callable[[], bool] | None = None, mod
             setups[name].trace_notes.update(notes)
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"disagg.{name}: {e.args[0] if e.args else e}") from None
+    check_memory(cfg, model, [(f"disagg.{name}.replicas", cfg.disagg[name].replicas, setups[name].device_blocks)
+                              for name in POOLS], len(reqs))
     frontend = setups["prefill"].frontend
     engine_requests, clock = to_engine_queue(reqs, frontend)
     pools = {name: Pool(name, [setups[name].make_loop(cfgs[name]) for _ in range(cfg.disagg[name].replicas)],

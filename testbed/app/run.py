@@ -16,8 +16,8 @@ from omegaconf import DictConfig
 
 from testbed.app.disagg import simulate_disagg
 from testbed.app.frontend import to_engine_queue
-from testbed.app.run_setup import (RunResult, Setup, async_scheduling, build_router, finish, log, prepare,
-                                   progress_bar, resolve_model_spec)
+from testbed.app.run_setup import (RunResult, Setup, async_scheduling, build_router, check_memory, finish, log,
+                                   prepare, progress_bar, resolve_model_spec)
 from testbed.app.spec_decode import drafter_factory
 from testbed.app.vllm_native_run import simulate_native
 from testbed.core.request import Request
@@ -42,7 +42,11 @@ def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: Mod
         return simulate_disagg(cfg, stop, model, requests)
     if cfg.policy.name == NATIVE_POLICY:  # vLLM's own scheduler in simulated time
         return simulate_native(cfg, stop, model, requests)
+    model = model or resolve_model_spec(cfg.model)
+    check_memory(cfg, model, num_requests=None if requests is None else len(requests))  # before anything is built
     setup = prepare(cfg, model=model, requests=requests)
+    check_memory(cfg, setup.model, [("backend.replicas", cfg.backend.replicas, setup.device_blocks)],
+                 len(setup.requests))  # a file's requests, now counted
     engine_requests, clock = to_engine_queue(setup.requests, setup.frontend)  # the front end delays arrivals
     sessions = closed_loop_sessions(cfg, setup)
     with progress_bar(cfg, engine_requests) as progress:

@@ -81,7 +81,11 @@ def parallel_spec(cfg: DictConfig) -> ParallelSpec:
 def build_requests(tc: DictConfig, seed: int, notes: dict | None = None
                    ) -> tuple[list[Request], list[tuple[int, str, str]]]:
     """The trace's requests after transforms, and the rows the loader rejected (id, source, reason).
-    `notes` (when given) receives the summary keys the trace's handling adds (trace_spread)."""
+    `notes` (when given) receives the summary keys the trace's handling adds (trace_spread).
+
+    Nothing to simulate is an error (`_nothing_to_simulate`), but for a lenient load (trace.lenient=true)
+    whose selected rows were all rejected: lenient means "count bad rows, do not stop", so that run gets
+    no request and its rejected rows, and its results say no request was served."""
     rejected: list[tuple[int, str, str]] = []
     load = None
     if tc.kind == "file":
@@ -104,7 +108,7 @@ def build_requests(tc: DictConfig, seed: int, notes: dict | None = None
         start = tc.start_s or 0.0
         end = tc.end_s if tc.end_s is not None else start + tc.duration_s if tc.duration_s is not None else None
         reqs = traces.servegen(traces.resolve_servegen_path(tc.path), seed=seed, start_s=start, end_s=end,
-                               rate_scale=tc.servegen_rate_scale)
+                               rate_scale=tc.servegen_rate_scale, max_requests=_generator_cut(tc))
     elif tc.kind in ("poisson", "gamma"):
         if tc.lengths_from:
             source = traces.load_trace(tc.lengths_from, tc.lengths_format, lengths_only=True)
@@ -118,10 +122,13 @@ def build_requests(tc: DictConfig, seed: int, notes: dict | None = None
             raise ValueError(traces.missing_path(tc.lengths_format, "trace.lengths_from"))
         else:
             raise ValueError("trace: a generator needs lengths_from, or both prompt_len and output_len")
+        cut = _generator_cut(tc) if tc.start_s is None and tc.end_s is None else None  # the window rebases from 0
         if tc.kind == "poisson":
-            reqs = traces.poisson(tc.rate, n=tc.num_requests, duration=tc.duration_s, lengths=lengths, seed=seed)
+            reqs = traces.poisson(tc.rate, n=tc.num_requests, duration=tc.duration_s, lengths=lengths, seed=seed,
+                                  max_requests=cut)
         else:
-            reqs = traces.gamma(tc.rate, tc.cv, n=tc.num_requests, duration=tc.duration_s, lengths=lengths, seed=seed)
+            reqs = traces.gamma(tc.rate, tc.cv, n=tc.num_requests, duration=tc.duration_s, lengths=lengths, seed=seed,
+                                max_requests=cut)
     else:
         raise ValueError(f"trace.kind={tc.kind!r}: expected file, poisson, gamma or servegen")
     if tc.spread != "none":
@@ -141,9 +148,62 @@ def build_requests(tc: DictConfig, seed: int, notes: dict | None = None
         reqs = traces.scale_rate(reqs, tc.rate_scale)
     if tc.max_prompt_len is not None or tc.max_output_len is not None:
         reqs = traces.cap_lengths(reqs, max_prompt=tc.max_prompt_len, max_output=tc.max_output_len)
-    if not reqs:
+    if not reqs and not (tc.lenient and rejected):
         raise ValueError(_nothing_to_simulate(tc, load))
+    if not reqs:  # lenient: count bad rows, do not stop; every row selected was bad, so none is served
+        log.warning("trace.lenient=true: all %d rows selected from %s were rejected (first: %s): nothing is "
+                    "served; the results count them", len(rejected), load.path if load else tc.kind, rejected[0][2])
     return reqs, rejected
+
+
+def expected_requests(tc: DictConfig) -> tuple[str, Any, float]:
+    """(the key that sets it, its value, about how many requests) the trace section will build, before
+    anything is loaded or drawn: what a generator's rates and span give (capped by the max_requests cut it
+    honours), or trace.max_requests for a file (0 when unset: a file's requests are counted once loaded)."""
+    cut = _generator_cut(tc)
+    if tc.kind == "servegen" and tc.path:
+        from testbed.traces.servegen import expected_requests as servegen_expected
+
+        start = tc.start_s or 0.0
+        end = tc.end_s if tc.end_s is not None else start + tc.duration_s if tc.duration_s is not None else None
+        mean = servegen_expected(traces.read_servegen(traces.resolve_servegen_path(tc.path)), start_s=start,
+                                 end_s=end, rate_scale=tc.servegen_rate_scale)
+        if cut is not None and cut < mean:
+            return "trace.max_requests", cut, cut
+        return "trace.servegen_rate_scale", tc.servegen_rate_scale, mean
+    if tc.kind in ("poisson", "gamma"):
+        if tc.num_requests is not None:
+            return "trace.num_requests", tc.num_requests, tc.num_requests
+        if tc.duration_s is not None and tc.rate is not None:
+            mean = tc.rate * tc.duration_s
+            if cut is not None and tc.start_s is None and tc.end_s is None and cut < mean:
+                return "trace.max_requests", cut, cut
+            return "trace.rate", tc.rate, mean
+    return ("trace.max_requests", tc.max_requests, tc.max_requests) if tc.max_requests else ("trace.path", tc.path, 0)
+
+
+def check_memory(cfg: DictConfig, model: ModelSpec, pools: list[tuple[str, int, int]] | None = None,
+                 num_requests: int | None = None) -> None:
+    """Refuse a simulation whose estimated memory (`testbed.app.memory_budget`) exceeds the budget, before
+    it is built. `pools`: (key, replicas, device KV blocks each); by default backend.replicas replicas of
+    this config's blocks. `num_requests`: the requests as built; by default `expected_requests`'s."""
+    from testbed.app.memory_budget import check_fits, replica_term, request_term
+
+    if pools is None:
+        pools = [("backend.replicas", cfg.backend.replicas,
+                  device_kv_blocks(cfg, model, _obj(cfg.hardware, HardwareSpec)))]
+    key, value, count = expected_requests(cfg.trace)
+    if num_requests is not None:
+        count = num_requests
+    check_fits([*(replica_term(k, n, blocks) for k, n, blocks in pools), request_term(key, value, count)],
+               cfg.backend.get("memory_budget_gb"))
+
+
+def _generator_cut(tc: DictConfig) -> int | None:
+    """trace.max_requests for a generator to stop at (it then generates no more than the selection keeps),
+    or None where the selection's first requests depend on more than the first generated: spreading
+    arrivals over buckets places a bucket's requests by how many share it."""
+    return tc.max_requests if tc.spread == "none" else None
 
 
 def _reject_kind(row: traces.RejectedRow) -> str:

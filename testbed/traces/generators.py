@@ -7,6 +7,11 @@ length distribution while its arrival process (Poisson, or Gamma with a chosen
 coefficient of variation) and its rate are the experimenter's. Every draw comes from one
 `numpy.random.Generator` seeded by `seed`, so the same arguments give the same requests,
 bit for bit. The first request arrives at 0; request ids are 0..n-1.
+
+`max_requests` bounds a `duration` run's generation (issue 25: a mistyped rate once drew every
+arrival of the span before the cut): its arrivals are drawn as ``n=max_requests`` draws them and
+those before `duration` kept, so when the cut falls inside the span the requests are exactly
+``n=max_requests``'s, and memory is bounded by the cut, not by ``rate * duration``.
 """
 from __future__ import annotations
 
@@ -25,23 +30,24 @@ Lengths = Union[tuple[int, int], Sequence[Request], TraceLoad]
 
 
 def poisson(rate: float, *, n: int | None = None, duration: float | None = None, lengths: Lengths,
-            seed: int = 0) -> list[Request]:
+            seed: int = 0, max_requests: int | None = None) -> list[Request]:
     """Poisson arrivals (exponential inter-arrival times, mean 1/`rate` seconds).
 
     Give exactly one of `n` (that many requests) or `duration` (every arrival in
-    ``[0, duration)`` seconds). Equal to ``gamma(rate, 1.0, ...)``, draw for draw.
+    ``[0, duration)`` seconds; with `max_requests`, at most its first that many). Equal to
+    ``gamma(rate, 1.0, ...)``, draw for draw.
     """
-    return _generate("poisson", rate, 1.0, n, duration, lengths, seed)
+    return _generate("poisson", rate, 1.0, n, duration, lengths, seed, max_requests)
 
 
 def gamma(rate: float, cv: float, *, n: int | None = None, duration: float | None = None, lengths: Lengths,
-          seed: int = 0) -> list[Request]:
+          seed: int = 0, max_requests: int | None = None) -> list[Request]:
     """Gamma inter-arrival times: mean 1/`rate`, coefficient of variation `cv` (shape 1/cv^2).
 
     cv=1 is Poisson; cv>1 is burstier (the Azure code trace has cv ~13), cv<1 more regular.
-    Give exactly one of `n` or `duration`, as for `poisson`.
+    Give exactly one of `n` or `duration` (and `max_requests`), as for `poisson`.
     """
-    return _generate("gamma", rate, cv, n, duration, lengths, seed)
+    return _generate("gamma", rate, cv, n, duration, lengths, seed, max_requests)
 
 
 def _length_pool(lengths: Lengths) -> tuple[np.ndarray | None, tuple[int, int] | None]:
@@ -65,7 +71,7 @@ def _length_pool(lengths: Lengths) -> tuple[np.ndarray | None, tuple[int, int] |
 
 
 def _generate(kind: str, rate: float, cv: float, n: int | None, duration: float | None, lengths: Lengths,
-              seed: int) -> list[Request]:
+              seed: int, max_requests: int | None = None) -> list[Request]:
     if not (isinstance(rate, Real) and math.isfinite(rate) and rate > 0):
         raise ValueError(f"{kind}: rate={rate!r} (trace.rate) must be a finite number > 0 requests per second")
     if not (isinstance(cv, Real) and math.isfinite(cv) and cv > 0):
@@ -78,14 +84,19 @@ def _generate(kind: str, rate: float, cv: float, n: int | None, duration: float 
         raise ValueError(f"{kind}: duration={duration!r} (trace.duration_s) must be a finite number > 0 seconds")
     if duration is not None and duration > MAX_ARRIVAL_S:
         raise ValueError(f"{kind}: duration={duration!r} (trace.duration_s) reaches {BEYOND_MAX_ARRIVAL}")
+    if max_requests is not None and not (isinstance(max_requests, Integral) and not isinstance(max_requests, bool)
+                                         and max_requests >= 1):
+        raise ValueError(f"{kind}: max_requests={max_requests!r} (trace.max_requests) must be an integer >= 1")
     pool, fixed = _length_pool(lengths)
 
     rng = np.random.default_rng(seed)
     shape = 1.0 / cv**2
     scale = 1.0 / (rate * shape)  # mean gap = shape * scale = 1/rate
-    if n is not None:
-        gaps = rng.gamma(shape, scale, int(n))
+    if n is not None or max_requests is not None:
+        gaps = rng.gamma(shape, scale, int(n if n is not None else max_requests))
         times = np.cumsum(gaps) - gaps[0]  # the first request arrives at 0
+        if duration is not None:
+            times = times[times < duration]
     else:
         chunk = max(64, int(duration * rate * 1.1))
         parts = [rng.gamma(shape, scale, chunk)]

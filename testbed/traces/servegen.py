@@ -266,40 +266,152 @@ def _read_datasets(path: Path) -> dict[int, dict[str, Pmf]]:
 
 # ----------------------------------------------------------------------------- generating
 
+CUT_MIN = 1 << 16  # a window of more arrivals than this, of which a max_requests cut keeps fewer, is not drawn whole
+CHUNK = 1 << 20  # gaps drawn at a time where a window's are summed or walked without being held
+EXACT_SUM_MAX = 1 << 22  # Weibull gaps summed draw by draw up to this many; beyond, their sum's normal limit
+
+
 def servegen(data: ServeGenData | str | Path, *, seed: int = 0, start_s: float | None = None,
-             end_s: float | None = None, rate_scale: float = 1.0) -> list[Request]:
+             end_s: float | None = None, rate_scale: float = 1.0, max_requests: int | None = None) -> list[Request]:
     """The requests of every client in the windows overlapping ``[start_s, end_s)`` (data time, s),
-    keeping those inside it. Defaults: from 0 to the end of the last window."""
+    keeping those inside it; with `max_requests`, only the first that many. Defaults: from 0 to the
+    end of the last window.
+
+    `max_requests` bounds what is generated, not only what is returned (issue 25: a mistyped
+    ``servegen_rate_scale=1000000`` once drew every arrival of the hour, 21.5 GB, before the cut):
+
+    * the clients share one window grid, so every arrival of a window comes after every arrival of
+      the windows before it: once the windows drawn hold `max_requests` arrivals, the later ones are
+      not drawn;
+    * a (client, window) with more than ``max(CUT_MIN, still needed)`` arrivals draws only the first
+      it can contribute (`_first_times`). Its first gaps are the same draws as a whole window's; the
+      window's total, which scales them to fill it, is drawn from the law of the rest's sum (exact for
+      a Gamma law, summed draw by draw for a Weibull one, or its normal limit past `EXACT_SUM_MAX`
+      draws) or, when `start_s` falls inside the window, summed over the same draws walked twice, in
+      chunks. Its lengths are drawn for the arrivals kept only. Such a window's requests follow the
+      same laws as an uncut run's, but are other draws; a window of at most `CUT_MIN` arrivals is drawn
+      whole, so a cut at realistic rates gives exactly the uncut run's first `max_requests`.
+    """
     if not isinstance(data, ServeGenData):
         data = read_servegen(data)
     if not (isinstance(rate_scale, (int, float)) and math.isfinite(rate_scale) and rate_scale > 0):
         raise ValueError(f"servegen: rate_scale={rate_scale!r} (trace.servegen_rate_scale) must be a finite number > 0")
+    if max_requests is not None and (isinstance(max_requests, bool) or not isinstance(max_requests, int)
+                                     or max_requests < 1):
+        raise ValueError(f"servegen: max_requests={max_requests!r} (trace.max_requests) must be an integer >= 1")
     lo = 0.0 if start_s is None else float(start_s)
     hi = math.inf if end_s is None else float(end_s)
     if not hi > lo:
         raise ValueError(f"servegen: end_s={end_s!r} (trace.end_s / trace.duration_s) must come after start_s={lo:g}")
     rows: list[tuple[float, int, int, int, int]] = []  # time, client, window start, prompt, output
-    for client in data.clients:
-        for w in client.windows:
-            if w.start + w.size <= lo or w.start >= hi or not w.pattern:
-                continue
-            rng = np.random.default_rng((seed, client.id, w.start))
-            expected = w.rate * w.size * rate_scale
-            n = int(math.floor(expected + rng.random()))
-            if n == 0:
-                continue
-            gaps = (rng.gamma(w.shape, 1.0, n + 1) if w.pattern == "Gamma" else rng.weibull(w.shape, n + 1))
-            total = gaps.sum()
-            times = w.start + np.cumsum(gaps[:n]) / total * w.size if total > 0 else \
-                w.start + np.arange(1, n + 1) * (w.size / (n + 1))
-            pmfs = _dataset_for(client, w, data)
-            prompt, output = _lengths(pmfs, rng, n)
-            keep = (times >= lo) & (times < hi)
-            rows.extend(zip(times[keep].tolist(), [client.id] * int(keep.sum()), [w.start] * int(keep.sum()),
-                            prompt[keep].tolist(), output[keep].tolist()))
+    for i in range(len(data.starts)):
+        if max_requests is not None and len(rows) >= max_requests:
+            break  # every later window's arrivals come after these
+        need = None if max_requests is None else max_requests - len(rows)
+        for client in data.clients:
+            rows.extend(_window_rows(client, client.windows[i], data, seed, lo, hi, rate_scale, need))
     rows.sort(key=lambda r: (r[0], r[1]))
+    if max_requests is not None:
+        del rows[max_requests:]
     return [Request(i, t, p, o, tenant=f"client-{c}", source=f"servegen:{c}@{s}")
             for i, (t, c, s, p, o) in enumerate(rows)]
+
+
+def expected_requests(data: ServeGenData, *, start_s: float | None = None, end_s: float | None = None,
+                      rate_scale: float = 1.0) -> float:
+    """The mean number of requests `servegen` generates in ``[start_s, end_s)`` (no max_requests cut):
+    each window's ``rate * rate_scale`` times its overlap with the span. Nothing is drawn."""
+    lo = 0.0 if start_s is None else float(start_s)
+    hi = math.inf if end_s is None else float(end_s)
+    return sum(w.rate * rate_scale * max(0.0, min(hi, w.start + w.size) - max(lo, w.start))
+               for c in data.clients for w in c.windows if w.pattern)
+
+
+def _window_rows(client: Client, w: Window, data: ServeGenData, seed: int, lo: float, hi: float, rate_scale: float,
+                 need: int | None) -> list[tuple[float, int, int, int, int]]:
+    """One client's arrivals in one window, inside ``[lo, hi)``: at most `need` when the window is cut."""
+    if w.start + w.size <= lo or w.start >= hi or not w.pattern:
+        return []
+    rng = np.random.default_rng((seed, client.id, w.start))
+    expected = w.rate * w.size * rate_scale
+    n = int(math.floor(expected + rng.random()))
+    if n == 0:
+        return []
+    if need is not None and n > max(need, CUT_MIN):
+        times = _first_times(rng, w, n, lo, hi, need)
+        prompt, output = _lengths(_dataset_for(client, w, data), rng, len(times))
+    else:
+        gaps = (rng.gamma(w.shape, 1.0, n + 1) if w.pattern == "Gamma" else rng.weibull(w.shape, n + 1))
+        total = gaps.sum()
+        times = w.start + np.cumsum(gaps[:n]) / total * w.size if total > 0 else \
+            w.start + np.arange(1, n + 1) * (w.size / (n + 1))
+        prompt, output = _lengths(_dataset_for(client, w, data), rng, n)
+        keep = (times >= lo) & (times < hi)
+        times, prompt, output = times[keep], prompt[keep], output[keep]
+    k = len(times)
+    return list(zip(times.tolist(), [client.id] * k, [w.start] * k, prompt.tolist(), output.tolist()))
+
+
+def _first_times(rng: np.random.Generator, w: Window, n: int, lo: float, hi: float, need: int) -> np.ndarray:
+    """The first `need` of a window's `n` arrival times inside ``[lo, hi)``, holding no more than
+    `CHUNK` gaps at a time (see `servegen`)."""
+    def draw(k: int) -> np.ndarray:
+        return rng.gamma(w.shape, 1.0, k) if w.pattern == "Gamma" else rng.weibull(w.shape, k)
+
+    if w.start >= lo:  # the window's first arrivals are the ones kept
+        head = draw(need)
+        total = float(head.sum()) + _sum_of_gaps(rng, w, n + 1 - need, draw)
+        times = w.start + np.cumsum(head) / total * w.size if total > 0 else \
+            w.start + np.arange(1, need + 1) * (w.size / (n + 1))
+        return times[times < hi]
+    # start_s inside the window: an unknown number of its arrivals come before it, so its total is
+    # summed first and the same draws (the generator's state put back) walked until `need` are kept
+    state = rng.bit_generator.state
+    total = _sum_of_draws(n + 1, draw)
+    rng.bit_generator.state = state
+    if not total > 0:
+        times = w.start + np.arange(1, n + 1) * (w.size / (n + 1))
+        return times[(times >= lo) & (times < hi)][:need]
+    parts, got, walked, left = [], 0, 0.0, n
+    while left and got < need:
+        gaps = draw(min(CHUNK, left))
+        left -= len(gaps)
+        times = w.start + (walked + np.cumsum(gaps)) / total * w.size
+        walked += float(gaps.sum())
+        kept = times[(times >= lo) & (times < hi)][:need - got]
+        parts.append(kept)
+        got += len(kept)
+        if times[-1] >= hi:
+            break
+    return np.concatenate(parts) if parts else np.empty(0)
+
+
+def _sum_of_gaps(rng: np.random.Generator, w: Window, m: int, draw) -> float:
+    """The sum of `m` more gaps of the window's law, without drawing them one by one where it need not:
+    a sum of m Gamma(shape, 1) draws is Gamma(m * shape, 1); a Weibull one is summed draw by draw up to
+    EXACT_SUM_MAX draws, and past that is its normal limit (mean m*mu, variance m*var of one draw: its
+    relative spread is below cv/2048, far under anything a trace of that many arrivals resolves)."""
+    if m <= 0:
+        return 0.0
+    if w.pattern == "Gamma":
+        return float(rng.gamma(m * w.shape, 1.0))
+    if m > EXACT_SUM_MAX:
+        try:
+            mu = math.gamma(1.0 + 1.0 / w.shape)
+            var = math.gamma(1.0 + 2.0 / w.shape) - mu * mu
+        except OverflowError:  # a shape so small that one draw's moments overflow: sum them
+            return _sum_of_draws(m, draw)
+        return max(0.0, float(rng.normal(m * mu, math.sqrt(m * var))))
+    return _sum_of_draws(m, draw)
+
+
+def _sum_of_draws(m: int, draw) -> float:
+    total, left = 0.0, m
+    while left:
+        k = min(CHUNK, left)
+        total += float(draw(k).sum())
+        left -= k
+    return total
 
 
 def _dataset_for(client: Client, w: Window, data: ServeGenData) -> dict[str, Pmf]:
