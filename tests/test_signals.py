@@ -83,7 +83,7 @@ def test_a_single_run_stopped_mid_work_keeps_its_finished_requests(tmp_path, sig
     out = tmp_path / "run"
     run = Run(script_command("testbed-sim", ["output.write_steps=false", "output.print_table=false",
                                              "output.progress=true", f"output.dir={out}"]), tmp_path)
-    run.wait_for_output(b"requests=")  # the progress bar: a thousand requests in
+    run.wait_for_output(b", requests=")  # the progress bar: a thousand requests in
     run.signal(sig)
     code, text = run.finish()
     assert code == 128 + sig and "Traceback" not in text, text[-3000:]

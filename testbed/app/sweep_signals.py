@@ -97,13 +97,21 @@ _joined = [False]
 
 
 def _join() -> None:
-    """Once per worker process: its own process group, signals ignored between jobs, death with the
-    command. The command forwards a signal only to workers that catch or ignore SIGTERM, after it
+    """Once per worker process the command started (loky's): its own process group, signals ignored
+    between jobs, death with the command. The command forwards a signal only to workers that catch or ignore SIGTERM, after it
     wrote the marker; a job reads the marker after its handlers are in place: no signal is lost."""
     main = os.environ.get(SWEEP_PID)
     if _joined[0] or main is None or int(main) == os.getpid():
         return
     _joined[0] = True
+    if os.getppid() != int(main):
+        try:
+            os.kill(int(main), 0)
+        except ProcessLookupError:  # the sweep died before this job began: it must not run unseen
+            os.kill(os.getpid(), signal.SIGKILL)
+        except PermissionError:
+            pass
+        return  # not a worker the command started (submitit's or Ray's launchers: their own process trees)
     die_with_parent(int(main))
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
