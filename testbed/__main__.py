@@ -1,3 +1,5 @@
-from testbed.app.cli import main
+import sys
 
-main()
+from testbed.app.commands import sim
+
+sys.exit(sim())

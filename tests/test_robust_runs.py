@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -26,9 +25,9 @@ def run_testbed(args, cwd):
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=120)
 
 
-def signal_when(args, cwd, marker: bytes, stream: str, sig, delay: float = 0.0):
+def signal_when(args, cwd, marker: bytes, stream: str, sig):
     """Start the command, wait until `marker` shows on its stdout or stderr (the run is under
-    way), send `sig` after `delay` seconds; the exit code and both outputs."""
+    way), send `sig`; the exit code and both outputs (no fixed delay: the machine may be slow)."""
     cmd, env = command(args)
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     seen = b""
@@ -38,9 +37,8 @@ def signal_when(args, cwd, marker: bytes, stream: str, sig, delay: float = 0.0):
             chunk = os.read(fd, 4096)
             assert chunk, f"the run ended before {marker!r} showed: {seen.decode(errors='replace')[-2000:]}"
             seen += chunk
-        time.sleep(delay)
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=300)
     finally:
         proc.kill()
     return proc.returncode, (seen if stream == "stdout" else b"") + out, (seen if stream == "stderr" else b"") + err
@@ -94,9 +92,9 @@ def test_sigterm_keeps_the_engines_finished_results(tmp_path):
     args = ["backend=engine", "model=tiny_llama", "trace.max_requests=200", "trace.rate_scale=5",
             "trace.max_prompt_len=64", "trace.max_output_len=16", "backend.device=cpu", "output.print_table=false",
             f"output.dir={out}"]
-    code, stdout, err = signal_when(args, tmp_path, b"engine ready", "stdout", signal.SIGTERM, delay=3.0)
+    code, stdout, err = signal_when(args, tmp_path, b"engine ready", "stdout", signal.SIGTERM)
     assert code == 143, (stdout + err).decode()[-3000:]
-    assert_interrupted_results(out)
+    assert_interrupted_results(out, some_finished=False)  # (signalled as it starts: it may have finished none)
 
 
 @pytest.fixture
@@ -175,34 +173,42 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def _sweep_signalling_job0(tmp_path, sig, whom: str, delay: float = 0.0):
-    """A sweep of three jobs: job 0 (the whole trace) gets `sig` while it runs, sent to its own
-    process ("job") or to the worker running it ("worker"); job 1 runs beside it and job 2 waits
-    in the queue (two workers). The sweep's exit code, its table by job, and its output."""
+SWEEP = ["-m", "trace.max_requests=null,50,60", "output.write_steps=false", "output.print_table=false",
+         "output.progress=true"]
+
+
+def _start_sweep(tmp_path):
+    """A sweep of three jobs on two workers: job 0 (the whole trace) runs long, job 1 beside it, job 2
+    after. Returns the run once job 0's progress bar shows it a thousand requests in (only job 0 has
+    that many), and job 0's process (the worker's forked child, holding job 0's log open as its worker does)."""
+    from signalling import Run
+
     sweep = tmp_path / "sweep"
-    cmd, env = command(["-m", "trace.max_requests=null,50,60", "output.write_steps=false", "output.print_table=false",
-                        f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}"])
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline, seen = time.monotonic() + 60, None
-        while True:  # job 0's log is open in the process running it (and in its parent, if forked)
-            pids = _processes_using(sweep / "0")
-            forked = [p for p in pids if _parent(p) in pids]
-            seen = seen or (pids and time.monotonic())
-            if forked or (seen and time.monotonic() > seen + 3):  # (the job's work in the worker itself)
-                break
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
-        job0 = forked[0] if forked else next(iter(pids))
-        time.sleep(delay)
-        os.kill(_parent(job0) if whom == "worker" and forked else job0, sig)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    table = pd.read_csv(sweep / "sweep_summary.csv").set_index("job") if (sweep / "sweep_summary.csv").exists() else None
-    assert table is not None and sorted(table.index) == [0, 1, 2], out + err
+    run = Run([sys.executable, "-m", "testbed", *SWEEP, f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}"],
+              tmp_path)
+    run.wait_for_output(b", requests=")
+    pids = _processes_using(sweep / "0")
+    forked = [p for p in pids if _parent(p) in pids]
+    assert len(forked) == 1, (pids, run.text()[-2000:])
+    return run, sweep, forked[0]
+
+
+def _table(sweep: Path, out: str) -> pd.DataFrame:
+    assert (sweep / "sweep_summary.csv").exists(), out[-3000:]
+    table = pd.read_csv(sweep / "sweep_summary.csv").set_index("job")
+    assert sorted(table.index) == [0, 1, 2], out[-3000:]
+    return table
+
+
+def _sweep_signalling_job0(tmp_path, sig, whom: str):
+    """`sig` to job 0's own process ("job") or to the worker running it ("worker"), while it runs:
+    the sweep's exit code, its table by job (jobs 1 and 2 finish), and its output."""
+    run, sweep, job0 = _start_sweep(tmp_path)
+    os.kill(_parent(job0) if whom == "worker" else job0, sig)
+    code, out = run.finish()
+    table = _table(sweep, out)
     assert list(table.status[[1, 2]]) == ["ok", "ok"] and list(table.completed[[1, 2]]) == [50, 60]
-    return proc.returncode, table, out + err
+    return code, table, out
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="finds the job's process through /proc")
@@ -218,9 +224,38 @@ def test_a_killed_sweep_job_fails_alone_and_the_summary_lists_every_job(tmp_path
 def test_sigterm_to_a_sweep_worker_interrupts_its_job_cleanly(tmp_path):
     """SIGTERM to the worker running job 0 (as a kill of it would): the job writes its finished
     requests and is listed interrupted; the sweep goes on and exits non-zero."""
-    code, table, out = _sweep_signalling_job0(tmp_path, signal.SIGTERM, "worker", delay=2.0)
-    assert code != 0 and table.status[0] == "interrupted", out
+    code, table, out = _sweep_signalling_job0(tmp_path, signal.SIGTERM, "worker")
+    assert code not in (0, 143) and table.status[0] == "interrupted", out  # (a job failed; the sweep was not stopped)
     assert table.completed[0] > 0 and table.unfinished[0] > 0 and "interrupted by SIGTERM" in out
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="finds the sweep's processes through /proc")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_a_sweep_stops_it_whole_and_lists_every_job(tmp_path, sig):
+    """SIGTERM to the sweep once left its workers running for minutes (holding its stdout: this
+    test's pipe never reached EOF), wrote no sweep_summary.csv, and Ctrl-C exited 1. Now: job 0
+    writes its finished requests, marked interrupted, every job is listed, the command exits 128 +
+    the signal, and no process of the sweep outlives it."""
+    run, sweep, job0 = _start_sweep(tmp_path)
+    run.signal(sig)
+    code, out = run.finish()  # (EOF of the pipe: every process holding it has ended)
+    assert code == 128 + sig and "Traceback" not in out, out[-3000:]
+    table = _table(sweep, out)
+    assert table.status[0] == "interrupted" and table.completed[0] > 0 and table.unfinished[0] > 0, out[-3000:]
+    for job in (1, 2):  # done before the signal, or stopped by it
+        assert table.status[job] == "ok" or table.status[job].startswith("interrupted"), table.status[job]
+    assert run.session_processes() == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="finds the sweep's processes through /proc")
+def test_a_sweep_killed_outright_leaves_no_job_running(tmp_path):
+    """`kill -9` of the sweep: its workers and their jobs' children die with it (the running job
+    once went on, unseen, and wrote its results afterwards)."""
+    run, sweep, job0 = _start_sweep(tmp_path)
+    run.proc.kill()
+    code, out = run.finish()  # EOF: no process holds the sweep's stdout any more
+    assert code == -signal.SIGKILL and run.session_processes() == [], out[-2000:]
+    assert not (sweep / "0" / "summary.json").exists()
 
 
 def test_a_stalled_sweep_job_is_listed_as_stalled(tmp_path, stalling_policy):

@@ -48,8 +48,12 @@ def main(cfg: DictConfig) -> dict:
     forget_inputs(cfg.output.dir)
     if in_multirun():  # a sweep job: its work in a child, so that an OS kill ends this job only
         from testbed.app.isolated import run_isolated
+        from testbed.app.sweep_signals import job_in_sweep
 
-        summary, signum = run_isolated(_run_and_write, cfg)
+        with job_in_sweep(HydraConfig.get().sweep.dir) as stop:
+            if stop():  # the sweep was stopped before this job started: it is listed, not run
+                return {"interrupted": True, "started": False}
+            summary, signum = run_isolated(_run_and_write, cfg)
     else:
         summary, signum = _run_and_write(cfg)
     write_inputs(cfg.output.dir, inputs)  # last: results with no record of their inputs are never skipped
@@ -109,7 +113,8 @@ def _run_and_write(cfg: DictConfig) -> tuple[dict, int | None]:
 def _verdict(cfg: DictConfig, summary: dict, signum: int | None) -> dict:
     """The summary of a complete run. An interrupted or stalled one says so and exits 128 +
     the signal or STALLED_EXIT (a single run), or raises RunNotComplete (a sweep job: Hydra
-    records it as failed, the other jobs go on, and the sweep exits non-zero at the end)."""
+    records it as failed, the other jobs go on, and the sweep exits non-zero at the end), unless
+    the whole sweep was stopped (app/sweep_signals.py): then its command exits 128 + the signal."""
     if summary.get("interrupted"):
         message = (f"interrupted by {signal_name(signum)}: the results of finished requests are in "
                    f"{cfg.output.dir}, the others are marked unfinished")
@@ -124,6 +129,11 @@ def _verdict(cfg: DictConfig, summary: dict, signum: int | None) -> dict:
     from testbed.app.run_setup import in_multirun
 
     if in_multirun():
+        from testbed.app.sweep_signals import stopped
+
+        if summary.get("interrupted") and stopped(HydraConfig.get().sweep.dir):
+            print(message, file=sys.stderr)
+            return summary
         raise RunNotComplete(message)
     print(message, file=sys.stderr)
     sys.exit(code)
@@ -161,34 +171,43 @@ def _finished_before(cfg: DictConfig, inputs: dict) -> dict | None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def capacity(cfg: DictConfig) -> dict:
-    """Highest trace.rate_scale at which slo.attainment_target of requests meet the SLO (simulator)."""
-    from testbed.app.capacity import bisect_max_scale
+    """Highest trace.rate_scale at which slo.attainment_target of requests meet the SLO (simulator). A
+    signal stops the search between (or within) its simulations; capacity.json then holds the curve so
+    far, marked interrupted, and the command exits 128 + the signal (app/stop.py)."""
+    from testbed.app.capacity import SearchStopped, bisect_max_scale
     from testbed.app.run import simulate
+    from testbed.app.sweep_signals import job_stop
 
     check_config(cfg)
     c = cfg.capacity
 
-    def attainment(scale: float) -> float:
-        job = cfg.copy()
-        job.trace.rate_scale = float(scale)
-        job.output.progress = False
-        s = simulate(job).summary
-        log.info("rate_scale %.4g: attainment %.3f, goodput %.3f req/s", scale, s["slo_attainment"], s["request_goodput"])
-        return s["slo_attainment"]
+    with job_stop() as stop:
+        def attainment(scale: float) -> float:
+            job = cfg.copy()
+            job.trace.rate_scale = float(scale)
+            job.output.progress = False
+            s = simulate(job, stop).summary
+            if s.get("interrupted"):
+                raise SearchStopped
+            log.info("rate_scale %.4g: attainment %.3f, goodput %.3f req/s", scale, s["slo_attainment"],
+                     s["request_goodput"])
+            return s["slo_attainment"]
 
-    res = bisect_max_scale(attainment, cfg.slo.attainment_target, c.lo, c.hi, c.rel_tol, c.max_evals)
-    out = Path(cfg.output.dir)
-    out.mkdir(parents=True, exist_ok=True)
-    base_rate = _offered_rate(cfg)
-    answer = {"policy": cfg.policy.name, "trace": cfg.trace.name, "slo": cfg.slo.name,
-              "attainment_target": cfg.slo.attainment_target, "max_rate_scale": res.best_scale,
-              "max_request_rate": res.best_scale * base_rate if res.best_scale else None,
-              "bracketed": res.bracketed,
-              "curve": [{"rate_scale": x, "slo_attainment": a} for x, a in sorted(res.curve)]}
-    (out / "capacity.json").write_text(json.dumps(answer, indent=2) + "\n")
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        res = bisect_max_scale(attainment, cfg.slo.attainment_target, c.lo, c.hi, c.rel_tol, c.max_evals, stop)
+        out = Path(cfg.output.dir)
+        out.mkdir(parents=True, exist_ok=True)
+        base_rate = _offered_rate(cfg)
+        answer = {"policy": cfg.policy.name, "trace": cfg.trace.name, "slo": cfg.slo.name,
+                  "attainment_target": cfg.slo.attainment_target, "max_rate_scale": res.best_scale,
+                  "max_request_rate": res.best_scale * base_rate if res.best_scale else None,
+                  "bracketed": res.bracketed, "interrupted": res.interrupted,
+                  "curve": [{"rate_scale": x, "slo_attainment": a} for x, a in sorted(res.curve)]}
+        (out / "capacity.json").write_text(json.dumps(answer, indent=2) + "\n")
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     verdict = ("none: even the lowest load missed the target" if res.best_scale is None else
                f"{res.best_scale:.3g}x the trace's load" + ("" if res.bracketed else f" (or more: {c.hi:g}x met it)"))
+    if res.interrupted:
+        verdict = f"interrupted after {len(res.curve)} complete simulations; so far {verdict}"
     print(f"{cfg.policy.name} on {cfg.trace.name}, SLO {cfg.slo.name} at {cfg.slo.attainment_target:.0%}: "
           f"max load {verdict}; {len(res.curve)} simulations -> {out / 'capacity.json'}")
     return answer

@@ -11,6 +11,10 @@ goodput against rate.
 
 Writes to `output.dir`: `search.json` (each layout's answer and bisection curve), `table.md` (layout
 -> max load, goodput and the best split), `sweep_summary.csv` and `*_vs_rate.png` (the rate grid).
+
+SIGINT or SIGTERM stops the search within the simulation under way (app/stop.py): the files are
+written with the layouts searched so far (the one under way with its curve so far), `interrupted`
+set in search.json, and the command exits 128 + the signal (it once ignored the signal and ran on).
 """
 from __future__ import annotations
 
@@ -56,11 +60,15 @@ def layout_config(cfg: DictConfig, prefill: int, decode: int, scale: float) -> D
     return job
 
 
-def run_layout(cfg: DictConfig, name: str, prefill: int, decode: int, scale: float) -> dict:
+def run_layout(cfg: DictConfig, name: str, prefill: int, decode: int, scale: float, stop=None) -> dict:
+    """One layout at one load; `stop()` turning true cuts it short (SearchStopped: no figure)."""
+    from testbed.app.capacity import SearchStopped
     from testbed.app.run import simulate
 
-    result = simulate(layout_config(cfg, prefill, decode, scale))
+    result = simulate(layout_config(cfg, prefill, decode, scale), stop)
     s = result.summary
+    if s.get("interrupted"):
+        raise SearchStopped
     row = {"layout": name, "prefill_replicas": prefill, "decode_replicas": decode, "rate_scale": scale,
            **{k: s.get(k) for k in COLUMNS[4:-1]}}
     span = s["duration_s"] or 1.0
@@ -72,7 +80,8 @@ def run_layout(cfg: DictConfig, name: str, prefill: int, decode: int, scale: flo
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
-    from testbed.app.capacity import bisect_max_scale
+    from testbed.app.capacity import SearchStopped, bisect_max_scale
+    from testbed.app.sweep_signals import job_stop
 
     check_config(cfg)
     d, c = cfg.disagg, cfg.capacity
@@ -80,33 +89,42 @@ def main(cfg: DictConfig) -> dict:
     out = Path(cfg.output.dir)
     out.mkdir(parents=True, exist_ok=True)
     answers, grid = [], []
-    for name, p, n in layouts(total):
-        rows: list[dict] = []
+    with job_stop() as stop:
+        for name, p, n in layouts(total):
+            if stop():
+                break
+            rows: list[dict] = []
 
-        def attainment(scale: float) -> float:
-            rows.append(run_layout(cfg, name, p, n, scale))
-            return rows[-1]["slo_attainment"]
+            def attainment(scale: float) -> float:
+                rows.append(run_layout(cfg, name, p, n, scale, stop))
+                return rows[-1]["slo_attainment"]
 
-        res = bisect_max_scale(attainment, cfg.slo.attainment_target, c.lo, c.hi, c.rel_tol, c.max_evals)
-        best = next((r for r in rows if r["rate_scale"] == res.best_scale), None)
-        answers.append({"layout": name, "prefill_replicas": p, "decode_replicas": n, "max_rate_scale": res.best_scale,
-                        "max_request_rate": best["offered_request_rate"] if best else None,
-                        "goodput_at_max": best["request_goodput"] if best else None, "bracketed": res.bracketed,
-                        "curve": [{"rate_scale": x, "slo_attainment": a} for x, a in sorted(res.curve)]})
-        grid += [run_layout(cfg, name, p, n, float(x)) for x in d.search_rate_scales]
-    split = [a for a in answers if a["prefill_replicas"] and a["max_rate_scale"]]
-    best = max(split, key=lambda a: a["max_rate_scale"]) if split else None
-    result = {"total_replicas": total, "slo": cfg.slo.name, "attainment_target": cfg.slo.attainment_target,
-              "model": cfg.model.name, "trace": cfg.trace.name, "layouts": answers,
-              "best_split": best["layout"] if best else None}
-    (out / "search.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    table = search_table(result)
-    (out / "table.md").write_text(table + "\n")
-    if grid:
-        df = pd.DataFrame(grid, columns=COLUMNS)
-        df.to_csv(out / "sweep_summary.csv", index=False)
-        plot_vs_rate(df, out)
+            res = bisect_max_scale(attainment, cfg.slo.attainment_target, c.lo, c.hi, c.rel_tol, c.max_evals, stop)
+            best = next((r for r in rows if r["rate_scale"] == res.best_scale), None)
+            answers.append({"layout": name, "prefill_replicas": p, "decode_replicas": n,
+                            "max_rate_scale": res.best_scale,
+                            "max_request_rate": best["offered_request_rate"] if best else None,
+                            "goodput_at_max": best["request_goodput"] if best else None, "bracketed": res.bracketed,
+                            "interrupted": res.interrupted,
+                            "curve": [{"rate_scale": x, "slo_attainment": a} for x, a in sorted(res.curve)]})
+            try:
+                for x in d.search_rate_scales:
+                    grid.append(run_layout(cfg, name, p, n, float(x), stop))
+            except SearchStopped:
+                break
+        split = [a for a in answers if a["prefill_replicas"] and a["max_rate_scale"]]
+        best = max(split, key=lambda a: a["max_rate_scale"]) if split else None
+        result = {"total_replicas": total, "slo": cfg.slo.name, "attainment_target": cfg.slo.attainment_target,
+                  "model": cfg.model.name, "trace": cfg.trace.name, "layouts": answers,
+                  "best_split": best["layout"] if best else None, "interrupted": stop()}
+        (out / "search.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        table = search_table(result)
+        (out / "table.md").write_text(table + "\n")
+        if grid:
+            df = pd.DataFrame(grid, columns=COLUMNS)
+            df.to_csv(out / "sweep_summary.csv", index=False)
+            plot_vs_rate(df, out)
     print(table)
     print(f"-> {out}")
     return result
@@ -122,6 +140,8 @@ def search_table(result: dict) -> str:
         lines.append(f"| {a['layout']} | {scale:.3g}{more} | {a['max_request_rate']:.2f} | {a['goodput_at_max']:.2f} |"
                      if scale else f"| {a['layout']} | none met it | - | - |")
     lines += ["", f"best prefill:decode split: {result['best_split'] or 'none met the target'}"]
+    if result.get("interrupted"):
+        lines += ["", f"interrupted: {len(result['layouts'])} of the layouts searched (the last one perhaps in part)"]
     return "\n".join(lines)
 
 

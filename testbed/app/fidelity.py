@@ -461,6 +461,14 @@ def plot_cdfs(real: pd.DataFrame, sim: pd.DataFrame, path: Path, title: str) -> 
 
 
 def write(res: FidelityResult, cfg: DictConfig, out: Path) -> None:
+    """The files, under a stop block: a signal then lets them finish (none is half-written)."""
+    from testbed.app.stop import stop_on_signals
+
+    with stop_on_signals():
+        _write(res, cfg, out)
+
+
+def _write(res: FidelityResult, cfg: DictConfig, out: Path) -> None:
     from testbed.app.results import write_results
 
     out.mkdir(parents=True, exist_ok=True)

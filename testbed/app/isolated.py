@@ -9,19 +9,25 @@ the other jobs go on. The OOM killer picks the process holding the memory, which
 
 The child is forked (cheap: the worker has imported everything already, and has not touched a
 GPU), in a process group of its own, and receives the signals its parent receives, once each,
-so SIGINT or SIGTERM stops it cleanly as it stops a single run. Its result or its exception
-comes back through a pipe. Where fork does not exist, the work runs in the calling process.
+so SIGINT or SIGTERM stops it cleanly as it stops a single run (a signal that comes while it is
+being forked reaches it as soon as it exists). It dies with its parent (`stop.die_with_parent`):
+a job whose worker was killed must not go on, unseen, and write its results after the sweep
+ended. Its result or its exception comes back through a pipe. Where fork does not exist, the
+work runs in the calling process.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 import pickle
-import signal
 import traceback
 from typing import Any, Callable
 
-from testbed.app.stop import SIGNALS, on_signals, signal_name
+from testbed.app.stop import after_fork, die_with_parent, on_signals, signal_name, stop_on_signals
+
+
+_forks = [0]  # forks made by this process so far (a signal's handler tells before the fork from after it)
+os.register_at_fork(after_in_parent=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
 
 class JobKilled(RuntimeError):
@@ -42,17 +48,24 @@ def run_isolated(fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     ctx = mp.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(send, fn, args), name="testbed-job")
+    child = ctx.Process(target=_child, args=(send, os.getpid(), fn, args), name="testbed-job")
+    pending: list[int] = []  # signals that came after the fork, before the child's pid was known
+    forks = _forks[0]
 
-    def forward(stop, signum: int) -> None:
-        if child.pid is not None:
-            try:
-                os.kill(child.pid, signum)
-            except ProcessLookupError:
-                pass
+    def forward(signum: int) -> None:
+        if child.pid is None:
+            if _forks[0] != forks:  # (before the fork, the child inherits the stop it raised)
+                pending.append(signum)
+            return
+        try:
+            os.kill(child.pid, signum)
+        except ProcessLookupError:
+            pass
 
     with on_signals(forward):
         child.start()
+        for signum in pending:
+            forward(signum)
         send.close()
         try:
             kind, value = receive.recv()
@@ -69,13 +82,13 @@ def run_isolated(fn: Callable[..., Any], *args: Any) -> Any:
                     else f"its process exited with code {code} without a result")
 
 
-def _child(send, fn: Callable[..., Any], args: tuple) -> None:
+def _child(send, parent: int, fn: Callable[..., Any], args: tuple) -> None:
+    after_fork()  # its own flag (a stop its parent had seen is kept), not its parent's forwarding
+    die_with_parent(parent)
     os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the parent, which forwards it: one signal, not two
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for s in SIGNALS[1:]:
-        signal.signal(s, signal.SIG_DFL)
     try:
-        message = ("ok", fn(*args))
+        with stop_on_signals():
+            message = ("ok", fn(*args))
     except BaseException as e:  # noqa: B902 - SystemExit and KeyboardInterrupt travel back as well
         message = ("error", (_picklable(e), traceback.format_exc()))
     send.send(message)

@@ -122,8 +122,13 @@ def run_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
     order = np.random.default_rng(cfg.seed).permutation(len(points))
     rows: list[dict | None] = [None] * len(points)
     b0, c0, t0 = system_busy_s(), time.process_time(), time.perf_counter()
+    from testbed.app.stop import current
+
+    stop = current()  # a signal (app/stop.py) ends the grid between points: the points measured are written
     for i in tqdm(order, desc=f"profile {spec.name} on {engine.device_name}", unit="pt", disable=not show,
                   leave=False):
+        if stop is not None and stop():
+            break
         p = points[i]
         if p.kind == "host":
             prompt = sum(c for c, _ in p.chunks)
@@ -134,7 +139,11 @@ def run_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
         if engine.device.type != "cpu":
             m["cpu_s"], m["contended"] = float("nan"), 0
         rows[i] = {"kind": p.kind, **asdict(shape), **m}
+    interrupted = any(r is None for r in rows)
+    rows = [r for r in rows if r is not None]
     header = header_of(engine, cfg, pc, len(rows), skipped)
+    if interrupted:
+        header["interrupted"] = f"{len(rows)} of {len(points)} points measured"
     header["contended_points"] = sum(r["contended"] for r in rows)
     wall, b1 = time.perf_counter() - t0, system_busy_s()
     header["wall_s"] = round(wall, 1)
@@ -155,9 +164,15 @@ def main(cfg: DictConfig) -> str:
         check_config(cfg)
         path = run_vllm_profile(cfg)
     else:
+        from testbed.app.stop import stop_on_signals
+
         check_config(cfg, backend="engine")  # it profiles the engine, whatever backend.name says
-        path = run_profile(cfg)
+        with stop_on_signals():  # a signal ends the grid between points; the points measured are written
+            path = run_profile(cfg)
     header, _ = read_profile(path)
+    if "interrupted" in header:
+        print(f"profile: {path}  (interrupted: {header['interrupted']}; no cost model fitted)")
+        return str(path)
     beside = f", other processes busy on {header['others_cores']} cores meanwhile" if "others_cores" in header else ""
     print(f"profile: {path}  ({header.get('points')} points in {header.get('wall_s')} s, "
           f"{header.get('contended_points')} disturbed by other processes{beside})")

@@ -314,6 +314,7 @@ def run_referee(cfg: DictConfig, out: str | Path, command: str = "") -> dict:
     """Replay on native vLLM, then the `vllm` policy in lockstep; write and return the report."""
     from testbed.app.results import write_results
     from testbed.app.run_setup import finish
+    from testbed.app.stop import stop_on_signals
     from testbed.app.run import run_info
     from testbed.app.vllm_run import replay_on_vllm
 
@@ -332,13 +333,14 @@ def run_referee(cfg: DictConfig, out: str | Path, command: str = "") -> dict:
     rep = report(verdict, real.summary, sim.summary, command)
     rep["engine"] = engine_side(cfg, setup, replay, blocks, block_size)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg_yaml = OmegaConf.to_yaml(cfg)
-    for name, r in (("vllm", real), ("sim", sim)):
-        write_results(out / name, r.requests, r.steps, r.summary, cfg_yaml, run_info(r))
-    (out / "referee.json").write_text(json.dumps(rep, indent=2, default=float) + "\n")
-    (out / "referee.md").write_text(markdown(rep))
-    steps_frame(verdict).to_csv(out / "steps.csv", index=False)
+    with stop_on_signals():  # a signal from here lets the files finish (none is half-written)
+        out.mkdir(parents=True, exist_ok=True)
+        cfg_yaml = OmegaConf.to_yaml(cfg)
+        for name, r in (("vllm", real), ("sim", sim)):
+            write_results(out / name, r.requests, r.steps, r.summary, cfg_yaml, run_info(r))
+        (out / "referee.json").write_text(json.dumps(rep, indent=2, default=float) + "\n")
+        (out / "referee.md").write_text(markdown(rep))
+        steps_frame(verdict).to_csv(out / "steps.csv", index=False)
     return rep
 
 
@@ -351,6 +353,7 @@ def run_native_referee(cfg: DictConfig, out: str | Path, command: str = "") -> d
     from testbed.app.results import write_results
     from testbed.app.run import run_info
     from testbed.app.run_setup import async_scheduling, finish, prepare
+    from testbed.app.stop import stop_on_signals
     from testbed.app.vllm_native_run import native_simulation
 
     _check_policy(cfg)
@@ -382,12 +385,13 @@ def run_native_referee(cfg: DictConfig, out: str | Path, command: str = "") -> d
     rep.update(reference=NATIVE_POLICY, vllm_scheduler=type(sim.sched).__qualname__,
                kv_blocks=setup.device_blocks, async_scheduling=loop.async_scheduling)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, r, c in ((NATIVE_POLICY, native, native_cfg), ("sim", ours, cfg)):
-        write_results(out / name, r.requests, r.steps, r.summary, OmegaConf.to_yaml(c), run_info(r))
-    (out / "referee.json").write_text(json.dumps(rep, indent=2, default=float) + "\n")
-    (out / "referee.md").write_text(markdown(rep))
-    steps_frame(verdict).to_csv(out / "divergent_steps.csv", index=False)
+    with stop_on_signals():  # a signal from here lets the files finish (none is half-written)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, r, c in ((NATIVE_POLICY, native, native_cfg), ("sim", ours, cfg)):
+            write_results(out / name, r.requests, r.steps, r.summary, OmegaConf.to_yaml(c), run_info(r))
+        (out / "referee.json").write_text(json.dumps(rep, indent=2, default=float) + "\n")
+        (out / "referee.md").write_text(markdown(rep))
+        steps_frame(verdict).to_csv(out / "divergent_steps.csv", index=False)
     return rep
 
 

@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from testbed.app.stop import stop_on_signals  # noqa: E402
 from testbed.app.sweep import HEADLINE, write_sweep_table  # noqa: E402
 
 VS_RATE = [("p50_ttft_ms", "p50 TTFT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"), ("p50_tpot_ms", "p50 TPOT (ms)"),
@@ -119,6 +120,13 @@ def _capacity(sweep: Path, df: pd.DataFrame, path: Path) -> Path:
 
 
 def build_report(sweep_dir: str | Path, rate_scale: float | None = None, out: str | Path | None = None) -> Path:
+    """The page (a few seconds): under a stop block, so that a signal lets it finish its files (none is
+    left half-written) and then ends the command with 128 + the signal (app/stop.py)."""
+    with stop_on_signals():
+        return _build_report(sweep_dir, rate_scale, out)
+
+
+def _build_report(sweep_dir: str | Path, rate_scale: float | None, out: str | Path | None) -> Path:
     sweep = Path(sweep_dir)
     df = write_sweep_table(sweep)
     if "status" in df:  # failed, interrupted and stalled jobs are listed in the table, not plotted

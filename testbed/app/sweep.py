@@ -8,11 +8,14 @@ overrides that made it and its status (ok / failed: why / interrupted / stalled)
 
 Hydra calls `on_multirun_end` only when every job succeeded: when one failed, its sweeper
 raises after the batch has run (and exits 1). So the table is also written when the process
-exits, if it has not been written by then: after a failed job, or a Ctrl-C of the sweep.
+exits, if it has not been written by then: after a failed job, or a second Ctrl-C of the sweep.
+A sweep stopped by SIGINT or SIGTERM (`app/sweep_signals.py`) ends normally: its running jobs
+write what they had, marked interrupted, the jobs not started yet are listed as such.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -24,6 +27,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from testbed.app.results import FAILED, RunNotComplete, record_failure, run_status
+from testbed.app.stop import signal_name
 
 if TYPE_CHECKING:  # the callback is built by every run (conf/config.yaml): tables are a sweep's end only
     import pandas as pd
@@ -44,10 +48,16 @@ def collect(sweep_dir: str | Path) -> pd.DataFrame:
 
     root = Path(sweep_dir)
     rows = []
+    from testbed.app.sweep_signals import stopped
+
+    signum = stopped(root)
     for job in _job_folders(root):
         status = run_status(job)
         if status is None:
-            status = "ok" if (job / "capacity.json").exists() else "failed: no results (its process ended early)"
+            status = (("interrupted" if json.loads((job / "capacity.json").read_text()).get("interrupted") else "ok")
+                      if (job / "capacity.json").exists() else
+                      f"interrupted: not started (the sweep was stopped by {signal_name(signum)})" if signum else
+                      "failed: no results (its process ended early)")
         row = {"job": job.relative_to(root).as_posix(), "status": status}
         overrides = job / ".hydra" / "overrides.yaml"
         if overrides.exists():
@@ -100,12 +110,20 @@ def format_sweep(df: pd.DataFrame) -> str:
     return df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}")
 
 
+# the sweep's reaction to SIGINT and SIGTERM during its launch (here, not in the callback, which Hydra
+# pickles to each job)
+_SIGNALS = contextlib.ExitStack()
+
+
 class MergeSweepTable(Callback):
     def __init__(self) -> None:
         self._pending: Path | None = None  # the sweep whose table is still to be written
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from testbed.app.sweep_signals import sweeping
+
         self._pending = Path(config.hydra.sweep.dir)
+        _SIGNALS.enter_context(sweeping(self._pending))
         import pandas  # noqa: F401  (now: the table written at exit cannot import it then, whose
         # import registers an atexit hook of its own, refused once the interpreter is shutting down)
 
@@ -116,6 +134,7 @@ class MergeSweepTable(Callback):
         self._write_table()
 
     def _write_table(self) -> None:
+        _SIGNALS.close()
         sweep_dir, self._pending = self._pending, None
         if sweep_dir is None:
             return

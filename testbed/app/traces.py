@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from testbed.app.cli import CONF_DIR
 from testbed.app.config import register_configs
+from testbed.app.stop import stop_on_signals
 from testbed.app.validate import check_config
 
 register_configs()
@@ -54,11 +55,12 @@ def describe_config(cfg: DictConfig) -> dict:
     }
     out = Path(cfg.output.dir)
     out.mkdir(parents=True, exist_ok=True)
-    _plot_rates(requests, description, out / "arrival_rate.png")
-    _plot_lengths(requests, description, out / "lengths.png")
     rows = table_rows(description)
-    (out / "description.json").write_text(json.dumps(description, indent=2) + "\n")
-    (out / "description.md").write_text(markdown(description, rows))
+    with stop_on_signals():  # a signal before here stops it at once; from here, once the files are whole
+        _plot_rates(requests, description, out / "arrival_rate.png")
+        _plot_lengths(requests, description, out / "lengths.png")
+        (out / "description.json").write_text(json.dumps(description, indent=2) + "\n")
+        (out / "description.md").write_text(markdown(description, rows))
     if cfg.output.print_table:
         print(f"\n{title(description)}")
         width = max(len(k) for k, _ in rows)

@@ -69,16 +69,37 @@ class Replays:
                 done = [simulate_run(self.cfg, r, v) for r, v in zip(runs, values)]
             else:
                 if self._pool is None:
-                    self._pool = ProcessPoolExecutor(self.jobs)
+                    self._pool = ProcessPoolExecutor(self.jobs, initializer=_pool_worker, initargs=(os.getpid(),))
                 done = list(self._pool.map(simulate_run, [self.cfg] * len(order), runs, values))
             self._done.update(zip(order, done))
             self.simulated += len(order)
         return [self._done[k] for k in keys]
 
     def close(self) -> None:
+        """The pool's end; after a signal (app/stop.py), at once: its replays are dropped, not awaited."""
+        from testbed.app.stop import current
+
         if self._pool is not None:
-            self._pool.shutdown()
+            stop = current()
+            if stop is not None and stop():
+                workers = list((getattr(self._pool, "_processes", None) or {}).values())
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                for w in workers:
+                    w.kill()
+            else:
+                self._pool.shutdown()
             self._pool = None
+
+
+def _pool_worker(parent: int) -> None:
+    """A replay worker leaves SIGINT and SIGTERM to the command (which ends it), and dies with it."""
+    import signal
+
+    from testbed.app.stop import SIGNALS, die_with_parent
+
+    for s in SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    die_with_parent(parent)
 
 
 def _cost(run: RealRun) -> float:

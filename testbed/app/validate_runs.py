@@ -107,7 +107,10 @@ def validate(cfg: DictConfig) -> dict:
     report["whole_runs_scored"] = len(scored(wholes))
     report["whole_runs_missing"] = [rr.stages[0].run for rr in results if rr.whole is None and rr.stages]
     report["wall_s"] = time.perf_counter() - t0
-    write(cfg.output.dir, stages, wholes, report)
+    from testbed.app.stop import stop_on_signals
+
+    with stop_on_signals():  # a signal before here stops it at once; from here, once the files are whole
+        write(cfg.output.dir, stages, wholes, report)
     return report
 
 
