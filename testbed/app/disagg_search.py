@@ -110,7 +110,8 @@ def main(cfg: DictConfig) -> dict:
             try:
                 for x in d.search_rate_scales:
                     grid.append(run_layout(cfg, name, p, n, float(x), stop))
-            except SearchStopped:
+            except SearchStopped:  # the layout's bisection ran whole, its grid did not
+                answers[-1]["interrupted"] = True
                 break
         split = [a for a in answers if a["prefill_replicas"] and a["max_rate_scale"]]
         best = max(split, key=lambda a: a["max_rate_scale"]) if split else None
