@@ -6,15 +6,15 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-# Hypothesis fails an example that runs past a wall-clock deadline (200 ms unless a test says otherwise): on a
-# busy machine that measures the neighbours, not the code, so no property test here has one
-settings.register_profile("testbed", deadline=None)
-settings.load_profile("testbed")
-
 from testbed.core.cost import BatchShape
 from testbed.core.kv import BlockManager
 from testbed.core.loop import SchedulerLimits, StepLoop
 from testbed.core.request import Request
+
+# Hypothesis fails an example that runs past a wall-clock deadline (200 ms unless a test says otherwise): on a
+# busy machine that measures the neighbours, not the code, so no property test here has one
+settings.register_profile("testbed", deadline=None)
+settings.load_profile("testbed")
 
 
 class FixedCost:
