@@ -85,7 +85,9 @@ def test_profile_file_has_its_header_and_grid(profiled):
     row = df[(df.kind == "decode") & (df.num_decode_seqs == 8)].iloc[-1]
     assert row.decode_kv_tokens == 8 * 513 and row.num_prefill_tokens == 0
     host = df[(df.kind == "host") & (df.num_prefill_seqs == 0)].sort_values("num_decode_seqs")
-    assert host.seconds.iloc[-1] > host.seconds.iloc[0]  # the loop's work grows with the running requests
+    # the loop's work grows with the running requests: in the thread's CPU time, which another process's
+    # time on the core does not enter (a preemption in a wall time of 11-80 us measures the neighbours)
+    assert host.cpu_s.iloc[-1] > host.cpu_s.iloc[0]
     admit = df[(df.kind == "host") & (df.num_prefill_seqs == 1)]
     assert sorted(admit.num_prefill_tokens.unique()) == [32, 256] and set(admit.num_decode_seqs) == {1, 64}
     # admitting a prompt costs host time (measured here: +25-45 us over 11-80 us), but rows of a few
@@ -99,11 +101,13 @@ def test_fit_reports_held_out_error_and_names_its_profile(profiled):
     h = m.holdout
     assert h["rows"] == len(read_profile(profiled)[1]) // 5 and set(h["by_kind"]) <= {"prefill", "decode", "mixed", "host"}
     assert all(v >= 0 for v in m.params.values())
-    # a fresh small profile measures this machine as it is now (measured here: median 2-6%, p95 10-30% on a
-    # quiet machine, 26% median under a busy one), so the bound only catches a broken fit (a missing
-    # term, rows fitted to the wrong features), not the neighbours' load
-    assert h["median_ape"] < 0.5 and h["p95_ape"] < 3.0, h
     assert math.isfinite(h["median_ape"]) and math.isfinite(h["p95_ape"])
+    # A fresh small profile's wall times measure this machine as it is now (held-out median 2-6%, p95 10-30%
+    # on a quiet machine, 26% median under a busy one), so the fit's quality is bounded on the same rows'
+    # CPU times (the profiling thread's own: another process's time on the core does not enter them), and
+    # only so far as to catch a broken fit (a missing term, rows fitted to the wrong features)
+    cpu = ProfileCostModel.from_frame(read_profile(profiled)[1].assign(seconds=lambda d: d.cpu_s)).holdout
+    assert cpu["median_ape"] < 0.5 and cpu["p95_ape"] < 3.0, cpu
     # monotone where physics says so
     small, big = BatchShape(num_decode_seqs=2, decode_kv_tokens=200), BatchShape(num_decode_seqs=16, decode_kv_tokens=4000)
     assert 0 < m.step_time(small) < m.step_time(big)
@@ -134,17 +138,101 @@ def test_simulator_uses_the_profile_and_says_so():
         simulate(config(*TINY, "cost_model=profile", "cost_model.profile=nowhere.csv", *TRACE))
 
 
-def test_fidelity_on_100_azure_requests(profiled, tmp_path):
-    """Engine vs simulator calibrated from a profile of this engine, 100 Azure conv requests: the chain's
-    structure (every metric reported and finite, the same requests and KV blocks on both sides, the
-    artefacts written) and its arrival-bound throughput (measured here within 0.1-3%; bound 15%).
+class _CostClock:
+    """A clock that stands still unless told: the engine's steps then take what the cost model says."""
 
-    Its latencies are wall-clock and measure the machine as much as the simulator: on this shared 2-core
-    machine the same decode step took 2.4-4.4 ms between runs, and a CI run with the core to itself (cpu
-    share >= 0.9) still put p50 TPOT 61% off. A unit test never depends on how busy the machine is, so the
-    latency bounds (issue 23's p50 within 5%, p99 within 10%) are printed by the benchmark
-    experiments/fidelity_cpu/chain.py, not asserted here. The per-step error is asserted only to catch a
-    broken chain: a cost model 3x off (either way) on the steps no other process disturbed."""
+    t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, dt: float) -> None:
+        self.t += dt
+
+
+def replay_on_the_cost_clock(cfg):
+    """The engine's own replay of `cfg`'s trace (real forward passes of the tiny model, its own step loop,
+    arrivals delivered when the clock passes them), on a clock that moves only by the cost model's
+    time for each step it runs and by the waits for arrivals: what the simulator does with the same
+    cost model, and so nothing in it depends on how fast this machine is or how busy."""
+    from testbed.app.fidelity import _with
+    from testbed.app.frontend import without_frontend
+    from testbed.app.run_setup import finish, prepare, resolve_model_spec
+    from testbed.engine.prompts import PromptTokens
+    from testbed.engine.replay import EngineReplay
+    from testbed.engine.setup import build_engine
+
+    cfg = _with(without_frontend(cfg, "test"), backend__name="engine")  # the engine takes requests directly
+    engine = build_engine(cfg, resolve_model_spec(cfg.model))
+    setup = prepare(cfg, model=engine.spec, device_blocks=engine.num_blocks)
+    clock, runner = _CostClock(), engine.runner
+
+    class Runner:  # the engine's runner; the clock moves by the step's cost once its tokens are back
+        step_s = 0.0
+
+        def execute(self, items, token_ids):
+            out = runner.execute(items, token_ids)
+            clock.t += self.step_s
+            return out
+
+        def swap_out(self, state, blocks):
+            runner.swap_out(state, blocks)
+
+        def swap_in(self, state, blocks):
+            runner.swap_in(state, blocks)
+
+    timed = Runner()
+
+    class Replay(EngineReplay):
+        def _run(self, batch, t0, now):
+            timed.step_s = setup.cost.step_time(batch.shape)
+            super()._run(batch, t0, now)
+
+    replay = Replay(setup.requests, setup.make_loop(cfg, engine.num_blocks), timed,
+                    PromptTokens(engine.spec.vocab_size, cfg.seed), cfg.backend.horizon_s, clock=clock, sleep=clock.sleep)
+    return finish(cfg, setup, replay.run(), "engine", 0.0), replay
+
+
+def test_the_engine_on_the_cost_models_clock_is_the_simulator_to_the_bit(profiled):
+    """The decisions of the chain, exactly and under any load: the engine's replay of 100 Azure conv requests
+    (real forward passes, the engine's own loop and KV cache) with each step taking the time the cost
+    model fitted to this run's profile gives it, against the simulator with that cost model. Every
+    request's times, every step and every KV block agree to the bit; a simulator that schedules
+    differently from the engine (an arrival admitted a step later, another batch, a preemption the
+    engine does not make) changes them. How well the cost model prices the engine's real steps is
+    test_fidelity_on_100_azure_requests' part; the wall-clock latencies, experiments/fidelity_cpu/chain.py's."""
+    from testbed.app.fidelity import _with
+    from testbed.app.frontend import without_frontend
+    from testbed.app.run import simulate
+
+    cfg = without_frontend(config(*TINY, "cost_model=profile", f"cost_model.profile={profiled}", *TRACE), "test")
+    real, replay = replay_on_the_cost_clock(cfg)
+    sim = simulate(_with(cfg, backend__async_scheduling=False, kv__num_blocks=real.summary["kv_blocks"]))
+    assert real.summary["completed"] == sim.summary["completed"] == 100
+    assert real.summary["num_steps"] == sim.summary["num_steps"] == len(replay.step_records) > 100
+    assert (real.requests.generated == real.requests.output_len).all()  # the engine generated every token
+    cols = ["id", "outcome", "generated", "preemptions", "prefix_hit_tokens", "first_scheduled_s", "first_token_s",
+            "finish_s", "ttft_ms", "tpot_ms", "e2el_ms"]
+    pd.testing.assert_frame_equal(real.requests[cols], sim.requests[cols], check_exact=True)
+    for key in ("kv_blocks", "duration_s", "request_throughput", "median_ttft_ms", "p99_tpot_ms", "mean_itl_ms"):
+        assert real.summary[key] == sim.summary[key], key
+
+
+def test_fidelity_on_100_azure_requests(profiled, tmp_path):
+    """Engine vs simulator calibrated from a profile of this engine, 100 Azure conv requests, on the wall
+    clock: the chain's structure (every metric reported and finite, the same requests and KV blocks on
+    both sides, the artefacts written) and the cost model against the engine's steps.
+
+    Its latencies and throughput are wall-clock and measure the machine as much as the simulator: on this
+    shared 2-core machine the same decode step took 2.4-4.4 ms between runs, a CI run with the core to
+    itself (cpu share >= 0.9) still put p50 TPOT 61% off, and the arrival-bound throughput, within 0.1-3%
+    on a quiet machine, was 16-23% off on a busy one. A unit test never depends on how busy the machine
+    is, so those figures (issue 23's p50 within 5%, p99 within 10%) are printed by the benchmark
+    experiments/fidelity_cpu/chain.py, not asserted here; that the simulator decides as the engine does
+    is asserted exactly by test_the_engine_on_the_cost_models_clock_is_the_simulator_to_the_bit. The cost
+    model is checked against each step's CPU time (this thread's: one torch thread runs the whole step),
+    which another process's time on the core does not enter, and only to catch a broken chain: a cost
+    model 3x off, either way."""
     from testbed.app.fidelity import METRICS, run_fidelity
 
     cfg = config(*TINY, "cost_model=profile", f"cost_model.profile={profiled}", *TRACE, profile={"threads": 1})
@@ -155,14 +243,12 @@ def test_fidelity_on_100_azure_requests(profiled, tmp_path):
     assert res.real.summary["completed"] == res.sim.summary["completed"] == 100
     assert res.sim.summary["cost_model"] == "profile:tiny.csv" and res.sim.summary["backend"] == "sim"
     assert res.real.summary["kv_blocks"] == res.sim.summary["kv_blocks"]
-    err = t.rel_error.abs()
-    assert err["request_throughput"] < 0.15 and err["request_goodput"] < 0.15
     e = res.step_error
     assert e["steps"] == res.real.summary["num_steps"] == len(res.steps)
-    quiet = res.steps[~res.steps.contended.astype(bool)]
-    assert 1 / 3 < (quiet.predicted_s / quiet.measured_s).median() < 3  # a broken chain, not the machine's noise
-    assert math.isfinite(e["uncontended"]["median_ape"]) and math.isfinite(e["execute"]["p95_ape"])
-    assert 0 < e["cpu_share"] <= 1.05 and e["steps"] - e["contended_steps"] == e["uncontended"]["steps"]
+    assert res.steps.cpu_s.gt(0).all()
+    assert 1 / 3 < (res.steps.predicted_s / res.steps.cpu_s).median() < 3  # a broken chain, not the machine's load
+    assert math.isfinite(e["iteration"]["median_ape"]) and math.isfinite(e["execute"]["p95_ape"])
+    assert 0 < e["cpu_share"] <= 1.05 and e["steps"] - e["contended_steps"] == e.get("uncontended", {}).get("steps", 0)
     out = tmp_path / "fid"
     for name in ("fidelity.csv", "fidelity.md", "fidelity.json", "fidelity_cdf.png", "steps.csv",
                  "real/summary.json", "sim/summary.json", "config.yaml"):

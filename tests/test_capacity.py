@@ -23,7 +23,7 @@ def test_bisection_reports_unbracketed_and_hopeless_cases():
 
 
 def test_bisection_on_the_simulator():
-    """Real runs: the capacity of vLLM on 600 Azure conv requests under the interactive SLO."""
+    """Real runs: the capacity of vLLM on 200 Azure conv requests under the interactive SLO (8 runs to bracket it)."""
     from hydra import compose, initialize_config_dir
 
     from testbed.app.cli import CONF_DIR
@@ -31,7 +31,7 @@ def test_bisection_on_the_simulator():
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         def attainment(scale):
-            cfg = compose("config", overrides=["trace.max_requests=600", f"trace.rate_scale={scale}",
+            cfg = compose("config", overrides=["trace.max_requests=200", f"trace.rate_scale={scale}",
                                                "slo=mlperf_llama3_8b_interactive", "scheduler.max_num_seqs=32"])
             return simulate(cfg).summary["slo_attainment"]
 

@@ -24,12 +24,12 @@ def config(*overrides):
         return compose("config", overrides=list(overrides))
 
 
-def test_engine_replays_200_azure_requests_like_the_simulator(tmp_path):
+def test_engine_replays_40_azure_requests_like_the_simulator(tmp_path):
     from testbed.app.cli import main  # noqa: F401  (the entry point's module registers the configs)
     from testbed.app.results import write_results
     from testbed.app.run import run_info
 
-    common = ["trace.max_requests=200", "trace.rate_scale=20", "trace.max_prompt_len=256", "trace.max_output_len=32"]
+    common = ["trace.max_requests=40", "trace.rate_scale=20", "trace.max_prompt_len=256", "trace.max_output_len=32"]
     real = replay_on_engine(config(*TINY, *common))
     sim = simulate(config("model=tiny_llama", *common))
     for name, r in (("engine", real), ("sim", sim)):
@@ -38,9 +38,9 @@ def test_engine_replays_200_azure_requests_like_the_simulator(tmp_path):
     assert files("engine") == files("sim")
     e = pd.read_parquet(tmp_path / "engine" / "requests.parquet")
     s = pd.read_parquet(tmp_path / "sim" / "requests.parquet")
-    assert list(e.columns) == list(s.columns) and len(e) == len(s) == 200
+    assert list(e.columns) == list(s.columns) and len(e) == len(s) == 40
     summary = json.loads((tmp_path / "engine" / "summary.json").read_text())
-    assert summary["completed"] == 200 and summary["backend"] == "engine" and summary["device"] == "cpu"
+    assert summary["completed"] == 40 and summary["backend"] == "engine" and summary["device"] == "cpu"
     assert (e.generated == e.output_len).all() and e.ttft_ms.notna().all()
 
 

@@ -305,11 +305,12 @@ def cost_models():
 
 
 def test_every_cost_model_charges_the_verify_pass():
-    for cost in cost_models():
+    models = cost_models()
+    for cost in models:
         for batch, ctx in ((1, 500), (16, 2000)):
             plain, verify = cost.step_time(decode_shape(batch, ctx)), cost.step_time(decode_shape(batch, ctx, 3))
             assert plain < verify, cost.name
-    roofline = cost_models()[0]
+    roofline = models[0]
     # batch-1 decode reads the weights whatever the tokens: verifying 3 drafts costs little more
     assert roofline.step_time(decode_shape(1, 500, 3)) < 1.1 * roofline.step_time(decode_shape(1, 500))
 

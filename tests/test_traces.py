@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import pickle
-import time
 from collections import Counter
 
 import numpy as np
@@ -99,15 +98,6 @@ def test_mooncake(moon):
     assert reqs[-1].arrival == pytest.approx(1022.025, abs=1e-12)
     assert (np.diff(arrivals(reqs)) >= 0).all()
     assert all(len(r.prefix_hashes) == math.ceil(r.prompt_len / 512) for r in reqs)
-
-
-def test_conv_loads_fast():
-    best = math.inf
-    for _ in range(2):
-        t = time.perf_counter()
-        traces.load_azure(CONV)
-        best = min(best, time.perf_counter() - t)
-    assert best < 1.0, f"the conv trace took {best:.3f} s to load"
 
 
 def test_bundled_lookup_from_any_directory_and_local_files_win(tmp_path, monkeypatch):

@@ -6,7 +6,8 @@ against the targets (issue 23: every p50 within 5%, every p99 within 10%).
 
 Wall-clock latencies measure the machine as much as the simulator (on this shared 2-core machine the
 same decode step took 2.4-4.4 ms between runs), so these bounds live here, printed, and not in a unit
-test (tests/test_calibration.py checks the chain's structure and its arrival-bound throughput). Each
+test (tests/test_calibration.py checks the chain's structure, the engine's decisions against the simulator's
+on the cost model's clock, and a 3x broken-chain bound on each step's CPU time). Each
 repeat is a fresh profile + replay; the replay's share of its core is printed beside its errors.
 """
 from __future__ import annotations

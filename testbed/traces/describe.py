@@ -76,16 +76,32 @@ def arrival_stats(arrivals: np.ndarray, windows_s: Sequence[float] = WINDOWS_S) 
     last = float(arrivals[-1]) if n else None
     span = last - first if n else 0.0
     gaps = np.diff(arrivals)
-    mean_gap = float(gaps.mean()) if gaps.size else 0.0
     return {
         "first_arrival_s": first,
         "last_arrival_s": last,
         "span_s": span,
         "mean_rate": (n - 1) / span if span > 0 else None,  # arrivals per second between the first and the last
-        "gap_cv": float(gaps.std()) / mean_gap if gaps.size >= 2 and mean_gap > 0 else None,
+        "gap_cv": gap_cv(gaps),
         "zero_gap_share": float((gaps == 0).mean()) if gaps.size else None,  # arrivals sharing an instant
         "windows": [window_stats(arrivals, w) for w in windows_s],
     }
+
+
+def gap_cv(gaps: np.ndarray) -> float | None:
+    """The gaps' coefficient of variation (std / mean); None for fewer than two gaps or a mean <= 0.
+    The gaps are first multiplied by the power of two that brings the largest into [0.5, 1): exact in
+    binary floating point, and the CV is a ratio that no scale changes. Without it the squared
+    deviations underflow for gaps of 1e-160 s and less (the CV lost digits, and was 0 for gaps of
+    1e-200 s) and overflow for gaps above 1e154 s; with it, stretching time by a power of two gives
+    the same CV to the bit (tests/test_trace_describe.py)."""
+    if gaps.size < 2:
+        return None
+    top = float(np.abs(gaps).max())
+    if not top > 0:
+        return None
+    unit = np.ldexp(gaps, -math.frexp(top)[1])  # top / 2**e lies in [0.5, 1)
+    mean = float(unit.mean())
+    return float(unit.std()) / mean if mean > 0 else None
 
 
 def window_counts(arrivals: np.ndarray, window_s: float) -> np.ndarray:
