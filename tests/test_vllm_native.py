@@ -165,3 +165,27 @@ def test_a_stop_ends_the_run_cleanly_and_every_request_is_counted(vllm):
     s = res.summary
     assert s["interrupted"] and 0 < s["completed"] < 150
     assert s["num_requests"] == 150 == s["completed"] + s["rejected"] + s["unfinished"]
+
+
+def test_a_stopped_referee_writes_what_it_compared_marked_interrupted(vllm, tmp_path, monkeypatch):
+    """A signal once ended testbed-referee with nothing written (the lockstep ran to the trace's end first)."""
+    import contextlib
+    import json
+
+    import testbed.app.stop as stop_module
+    from testbed.app.referee import run_native_referee
+
+    calls = []
+
+    def stop() -> bool:  # the flag the first signal raises (app/stop.py), here after 400 looks
+        calls.append(1)
+        return len(calls) > 400
+
+    monkeypatch.setattr(stop_module, "stop_on_signals", lambda: contextlib.nullcontext(stop))
+    rep = run_native_referee(config(*LOADED), tmp_path, "test")
+    assert rep["interrupted"] is True
+    assert 0 < rep["steps_compared"] == rep["steps_identical"] < 500, rep["first_divergence"]
+    for side in ("vllm_native", "sim"):
+        s = json.loads((tmp_path / side / "summary.json").read_text())
+        assert s["interrupted"] and s["num_requests"] == 150 == s["completed"] + s["rejected"] + s["unfinished"]
+        assert s["unfinished"] > 0

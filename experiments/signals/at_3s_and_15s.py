@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS = "../shared/calibration/vllm_h100_runs"
+RUNS = ROOT.parent / "shared/calibration/vllm_h100_runs"  # the real H100 runs beside the checkout
+RUNS2 = ROOT.parent / "shared/calibration/blis_trainval_runs"
 
 
 def workloads(tmp: Path, vllm_python: str | None) -> dict[str, list[str]]:
@@ -44,8 +45,9 @@ def workloads(tmp: Path, vllm_python: str | None) -> dict[str, list[str]]:
                                   "backend.device=cpu"),
         "testbed-fidelity": script("testbed-fidelity", "testbed.app.commands", "fidelity", "model=tiny_llama",
                                    "backend.device=cpu"),
-        "testbed-validate": script("testbed-validate", "testbed.app.commands", "validate", f"validate.runs={RUNS}"),
-        "testbed-traces": script("testbed-traces", "testbed.app.commands", "traces", "describe", "trace=mooncake_conversation"),
+        "testbed-validate": script("testbed-validate", "testbed.app.commands", "validate", f"validate.runs=[{RUNS},{RUNS2}]"),
+        "testbed-traces": script("testbed-traces", "testbed.app.commands", "traces", "describe", "-m",
+                                 "trace=azure_conv,azure_code", "trace.rate_scale=1,2,4"),
         "testbed-report": script("testbed-report", "testbed.app.commands", "report", str(sweep)),
     }
     if vllm_python:

@@ -172,12 +172,19 @@ class Lockstep:
             self.running = batch
         self.end = d.end
 
-    def close(self) -> tuple[Verdict, ReplayOutcome]:
+    def close(self, interrupted: bool = False, not_arrived: list[Request] | None = None
+              ) -> tuple[Verdict, ReplayOutcome]:
+        """`interrupted`: vLLM's run was stopped (a signal), so ours stops where vLLM's did: no steps of its
+        own after vLLM's last, what is left unfinished as vLLM's is, and `not_arrived` (what vLLM never got)
+        neither. The verdict then covers the steps compared so far."""
         loop, verdict = self.loop, self.verdict
         for t, req in self.delivered[self.arrived:]:
             self._arrive(t, req)
         self._complete()
         end = self.end
+        if interrupted:
+            loop.abandon("interrupted")
+            return verdict, ReplayOutcome([loop], list(not_arrived or []), end, interrupted=True)
         while loop.has_work and verdict.extra_steps < 100_000:
             batch = loop.plan(end)
             if batch is None:
@@ -197,6 +204,12 @@ def lockstep(decisions, delivered: list[tuple[float, Request]], loop: StepLoop,
     for d in decisions:
         run.step(d)
     return run.close()
+
+
+def _never_delivered(requests: list[Request], delivered: list[tuple[float, Request]]) -> list[Request]:
+    """The requests a stopped replay never handed to vLLM."""
+    ids = {r.id for _, r in delivered}
+    return [r for r in requests if r.id not in ids]
 
 
 def lockstep_loop(cfg: DictConfig, setup, num_blocks: int, block_size: int) -> StepLoop:
@@ -323,17 +336,23 @@ def run_referee(cfg: DictConfig, out: str | Path, command: str = "") -> dict:
     with open_dict(cfg):
         cfg.backend.name, cfg.backend.scheduler = "vllm", "native"
     got = {}
-    real = replay_on_vllm(cfg, on_done=lambda setup, replay: got.update(setup=setup, replay=replay))
-    setup, replay = got["setup"], got["replay"]
-    t0 = time.perf_counter()
-    blocks, block_size = replay.run_record.kv.num_blocks, replay.run_record.kv.block_size
-    log.info("lockstep over vLLM's %d steps: the vllm policy, then our engine", len(replay.decisions))
-    verdict, outcome = lockstep(replay.decisions, replay.delivered, lockstep_loop(cfg, setup, blocks, block_size))
-    sim = finish(cfg, setup, outcome, "sim-lockstep", t0)
-    rep = report(verdict, real.summary, sim.summary, command)
-    rep["engine"] = engine_side(cfg, setup, replay, blocks, block_size)
-    out = Path(out)
-    with stop_on_signals():  # a signal from here lets the files finish (none is half-written)
+    with stop_on_signals() as stop:  # a signal ends vLLM's replay at a step: what it ran is refereed and written
+        real = replay_on_vllm(cfg, stop, on_done=lambda setup, replay: got.update(setup=setup, replay=replay))
+        interrupted = bool(real.summary.get("interrupted"))
+        setup, replay = got["setup"], got["replay"]
+        t0 = time.perf_counter()
+        blocks, block_size = replay.run_record.kv.num_blocks, replay.run_record.kv.block_size
+        log.info("lockstep over vLLM's %d steps: the vllm policy, then our engine", len(replay.decisions))
+        run = Lockstep(replay.delivered, lockstep_loop(cfg, setup, blocks, block_size))
+        for d in replay.decisions:
+            run.step(d)
+        verdict, outcome = run.close(interrupted, _never_delivered(setup.requests, replay.delivered))
+        sim = finish(cfg, setup, outcome, "sim-lockstep", t0)
+        rep = report(verdict, real.summary, sim.summary, command)
+        rep["interrupted"] = interrupted
+        if not interrupted:  # (the engine's side replays vLLM's whole run)
+            rep["engine"] = engine_side(cfg, setup, replay, blocks, block_size)
+        out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         cfg_yaml = OmegaConf.to_yaml(cfg)
         for name, r in (("vllm", real), ("sim", sim)):
@@ -375,17 +394,18 @@ def run_native_referee(cfg: DictConfig, out: str | Path, command: str = "") -> d
     log.info("vLLM %s's %s in the simulator, the %s policy in lockstep: %d requests, %d KV blocks, async "
              "scheduling %s", vllm.__version__, type(sim.sched).__name__, cfg.policy.name, len(setup.requests),
              setup.device_blocks, "on" if loop.async_scheduling else "off")
-    outcome = sim.run()
-    native = finish(native_cfg, setup, outcome, "sim", t0)
-    native.summary.update(vllm_version=vllm.__version__, vllm_scheduler=type(sim.sched).__qualname__)
-    t1 = time.perf_counter()
-    verdict, ours_outcome = run.close()
-    ours = finish(cfg, setup, ours_outcome, "sim-lockstep", t1)
-    rep = report(verdict, native.summary, ours.summary, command)
-    rep.update(reference=NATIVE_POLICY, vllm_scheduler=type(sim.sched).__qualname__,
-               kv_blocks=setup.device_blocks, async_scheduling=loop.async_scheduling)
-    out = Path(out)
-    with stop_on_signals():  # a signal from here lets the files finish (none is half-written)
+    with stop_on_signals() as stop:  # a signal ends both runs at vLLM's step under way: what ran is written
+        outcome = sim.run(stop)
+        native = finish(native_cfg, setup, outcome, "sim", t0)
+        native.summary.update(vllm_version=vllm.__version__, vllm_scheduler=type(sim.sched).__qualname__)
+        t1 = time.perf_counter()
+        verdict, ours_outcome = run.close(outcome.interrupted, outcome.not_arrived)
+        ours = finish(cfg, setup, ours_outcome, "sim-lockstep", t1)
+        rep = report(verdict, native.summary, ours.summary, command)
+        rep.update(reference=NATIVE_POLICY, vllm_scheduler=type(sim.sched).__qualname__,
+                   kv_blocks=setup.device_blocks, async_scheduling=loop.async_scheduling,
+                   interrupted=outcome.interrupted)
+        out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         for name, r, c in ((NATIVE_POLICY, native, native_cfg), ("sim", ours, cfg)):
             write_results(out / name, r.requests, r.steps, r.summary, OmegaConf.to_yaml(c), run_info(r))
