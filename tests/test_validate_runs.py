@@ -7,6 +7,8 @@ did not fit on (leave-one-model-out).
 """
 from __future__ import annotations
 
+import contextlib
+
 import json
 from pathlib import Path
 
@@ -294,7 +296,7 @@ TRUTH = {"hardware.step_overhead_s": 0.004, "frontend.request_s": 0.010}
 def fake_replay(calls: list):
     """A stand-in for `simulate_run` whose relative errors are known smooth (non-linear) functions of the
     two keys, different per run and metric, zero at TRUTH; it records every (run, values) it is asked."""
-    def simulate(cfg, run, values=None):
+    def simulate(cfg, run, values=None, stop=None):
         calls.append((run.name, tuple(sorted((values or {}).items()))))
         v = {**{k: float(OmegaConf.select(cfg, k)) for k in TRUTH}, **(values or {})}
         a = (v["hardware.step_overhead_s"] - TRUTH["hardware.step_overhead_s"]) / TRUTH["hardware.step_overhead_s"]
@@ -404,3 +406,33 @@ def test_an_overshooting_step_is_shortened_and_a_stale_jacobian_refreshed(tmp_pa
     assert refused >= 1  # a step that did not lower the error was refused on the way
     if start == 5.0:  # the first step lands near 0, where the start's slope no longer holds
         assert done.jacobians >= 2
+
+
+def test_a_stop_scores_and_writes_the_runs_replayed_so_far(tmp_path, monkeypatch):
+    """A signal once ended testbed-validate with nothing written, however many runs it had replayed."""
+    calls: list = []
+    fake = fake_replay(calls)
+    looks = []
+
+    def stop() -> bool:  # the flag a signal raises (app/stop.py): up once two runs are replayed
+        looks.append(1)
+        return len(calls) >= 2
+
+    monkeypatch.setattr(validate_fit, "simulate_run", fake)
+    monkeypatch.setattr(V, "stop_on_signals", lambda: contextlib.nullcontext(stop))
+    fit_fixture(tmp_path)
+    cfg = config(f"validate.runs={tmp_path}", f"output.dir={tmp_path / 'out'}", "validate.jobs=1")
+    report = V.validate(cfg)
+    assert report["interrupted"] == "stopped after 2 of 4 runs: those are scored"
+    assert report["replays"] == {"asked": 4, "simulated": 2} and len(calls) == 2
+    written = json.loads((tmp_path / "out" / "validate.json").read_text())
+    assert written["interrupted"] == report["interrupted"]
+    assert set(pd.read_csv(tmp_path / "out" / "validate.csv")["run"]) == {name for name, _ in calls}
+    assert (tmp_path / "out" / "validate.md").read_text().startswith("**interrupted**")
+
+    calls.clear()  # a fit stopped part way fits nothing, and says how far it came
+    cfg = config(f"validate.runs={tmp_path}", f"output.dir={tmp_path / 'fit'}", "validate.jobs=1",
+                 "validate.fit=[hardware.step_overhead_s]")
+    report = V.validate(cfg)
+    assert report["interrupted"].startswith("stopped during the fit after 2 replays") and "fitted_on_all_models" not in report
+    assert (tmp_path / "fit" / "validate.json").exists()

@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Generator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -40,12 +41,23 @@ def _values_key(values: dict[str, float] | None) -> tuple:
     return tuple(sorted((k, float(v)) for k, v in (values or {}).items()))
 
 
+class ReplaysStopped(Exception):
+    """`stop()` turned true (a signal, app/stop.py): the replays asked for, those done (None: not done)."""
+
+    def __init__(self, done: list[RunReplay | None]):
+        super().__init__(f"stopped with {sum(r is not None for r in done)} of {len(done)} replays done")
+        self.done = done
+
+
 class Replays:
     """The replays of one command, each (run, values) simulated once (`validate.jobs` processes, one
-    pool kept for the whole command so that its workers' caches stay warm)."""
+    pool kept for the whole command so that its workers' caches stay warm). `stop()` turning true ends
+    `get` with ReplaysStopped, the replays finished so far in it: the pool's replays are not awaited
+    (`close` kills its workers), a replay in this process ends at its next step."""
 
-    def __init__(self, cfg: DictConfig):
+    def __init__(self, cfg: DictConfig, stop: Callable[[], bool] | None = None):
         self.cfg = cfg
+        self.stop = stop or (lambda: False)
         self.jobs = cfg.validate.jobs or os.cpu_count() or 1
         self._done: dict[tuple, RunReplay] = {}
         self._pool: ProcessPoolExecutor | None = None
@@ -65,15 +77,27 @@ class Replays:
             order = sorted(todo, key=lambda k: -_cost(todo[k][0]))
             runs = [todo[k][0] for k in order]
             values = [todo[k][1] for k in order]
-            if self.jobs <= 1 or len(order) == 1:
-                done = [simulate_run(self.cfg, r, v) for r, v in zip(runs, values)]
-            else:
-                if self._pool is None:
-                    self._pool = ProcessPoolExecutor(self.jobs, initializer=_pool_worker, initargs=(os.getpid(),))
-                done = list(self._pool.map(simulate_run, [self.cfg] * len(order), runs, values))
-            self._done.update(zip(order, done))
-            self.simulated += len(order)
+            done = self._in_process(runs, values) if self.jobs <= 1 or len(order) == 1 else self._in_pool(runs, values)
+            self._done.update((k, r) for k, r in zip(order, done) if r is not None)
+            self.simulated += sum(r is not None for r in done)
+            if any(r is None for r in done):
+                raise ReplaysStopped([self._done.get(k) for k in keys])
         return [self._done[k] for k in keys]
+
+    def _in_process(self, runs: list[RealRun], values: list) -> list[RunReplay | None]:
+        done: list[RunReplay | None] = []
+        for r, v in zip(runs, values):
+            done.append(None if self.stop() else simulate_run(self.cfg, r, v, self.stop))
+        return done
+
+    def _in_pool(self, runs: list[RealRun], values: list) -> list[RunReplay | None]:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.jobs, initializer=_pool_worker, initargs=(os.getpid(),))
+        futures = [self._pool.submit(simulate_run, self.cfg, r, v) for r, v in zip(runs, values)]
+        pending = set(futures)
+        while pending and not self.stop():  # (the timeout: a signal's flag is looked at between results)
+            pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED).not_done
+        return [f.result() if f.done() and not f.cancelled() else None for f in futures]
 
     def close(self) -> None:
         """The pool's end; after a signal (app/stop.py), at once: its replays are dropped, not awaited."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -112,15 +113,20 @@ def _real(measured: dict, n_out: int) -> dict:
     return real
 
 
-def simulate_run(cfg: DictConfig, run: RealRun, values: dict[str, float] | None = None) -> RunReplay:
+def simulate_run(cfg: DictConfig, run: RealRun, values: dict[str, float] | None = None,
+                 stop: Callable[[], bool] | None = None) -> RunReplay | None:
     """The run replayed with `cfg` (and `values` for fitted keys): every stage's figures beside the
-    client's, and the whole run's where the run has its summary."""
+    client's, and the whole run's where the run has its summary. None: `stop()` turned true and cut the
+    replay short (a part of a run scores nothing)."""
     from testbed.app.run_setup import resolve_model_spec
     from testbed.app.run import simulate
 
     c = run_config(cfg, run, values)
     requests, starts = run_requests(run, cfg.seed, cfg.validate.stage_gap_s)
-    table = simulate(c, model=resolve_model_spec(c.model), requests=requests).requests
+    result = simulate(c, stop, model=resolve_model_spec(c.model), requests=requests)
+    if result.summary.get("interrupted"):
+        return None
+    table = result.requests
     n_out = run.workload.output_len
     out = []
     bounds = starts + [len(requests)]

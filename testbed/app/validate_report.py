@@ -50,7 +50,8 @@ def write(out_dir: str, stages: list[StageResult], wholes: list[StageResult], re
     df = results_frame(stages + wholes)
     df.to_csv(out / "validate.csv", index=False)
     (out / "validate.json").write_text(json.dumps(report, indent=2, default=_json_default))
-    md = markdown(results_frame(stages), results_frame(wholes), report)
+    md = (markdown(results_frame(stages), results_frame(wholes), report) if stages else  # (stopped before any)
+          f"**interrupted**: {report.get('interrupted', 'no stage replayed')}\n")
     (out / "validate.md").write_text(md)
     print(md)
 
@@ -92,7 +93,8 @@ def _table(df: pd.DataFrame, metrics: tuple[str, ...], fmt=_ms, stage_cols: bool
 
 
 def markdown(df: pd.DataFrame, whole: pd.DataFrame, report: dict) -> str:
-    lines = ["### Per stage: mean TTFT, E2E and TPOT ((E2E - TTFT) / (output tokens - 1))", ""]
+    lines = [f"**interrupted**: {report['interrupted']}", ""] if report.get("interrupted") else []
+    lines += ["### Per stage: mean TTFT, E2E and TPOT ((E2E - TTFT) / (output tokens - 1))", ""]
     lines += _table(df, FIT_METRICS)
     lines += ["", "### Per stage: the client's p50, p90 and p99", ""]
     lines += _table(df, TAILS)

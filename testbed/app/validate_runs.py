@@ -36,8 +36,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from testbed.app.cli import CONF_DIR
 from testbed.app.real_runs import load_run_sets
+from testbed.app.stop import stop_on_signals
 from testbed.app.validate import check_config
-from testbed.app.validate_fit import Replays, fit_runs, fit_steps, run_fits
+from testbed.app.validate_fit import Replays, ReplaysStopped, fit_runs, fit_steps, run_fits
 from testbed.app.validate_replay import median_abs_errors, scored, simulate_run  # noqa: F401 (simulate_run: the API)
 from testbed.app.validate_report import by_model, write
 
@@ -55,6 +56,13 @@ def _folders(runs) -> list[str]:
 
 
 def validate(cfg: DictConfig) -> dict:
+    """The replays, scored and written. A signal (app/stop.py) ends the replays: those done are scored
+    and written, marked `interrupted` (a fit stopped part way fits nothing: what it replayed is counted)."""
+    with stop_on_signals() as stop:
+        return _validate(cfg, stop)
+
+
+def _validate(cfg: DictConfig, stop) -> dict:
     t0 = time.perf_counter()
     vc = cfg.validate
     folders = _folders(vc.runs)
@@ -66,7 +74,8 @@ def validate(cfg: DictConfig) -> dict:
             raise ValueError(f"validate.fit: {k} is not a numeric config key (its value: {v!r})")
     report: dict = {"runs": folders, "cost_model": cfg.cost_model.name, "hardware": cfg.hardware.name,
                     "frontend": cfg.get("frontend", {}).get("name", "none"), "policy": cfg.policy.name}
-    replays = Replays(cfg)
+    replays = Replays(cfg, stop)
+    results = []
     try:
         if keys:
             report["starting_values"] = {k: float(OmegaConf.select(cfg, k)) for k in keys}
@@ -94,8 +103,13 @@ def validate(cfg: DictConfig) -> dict:
                     [s for rr in results for s in rr.stages])
         else:
             results = replays.get([(run, None) for run in runs])
-        report["replays"] = {"asked": replays.asked, "simulated": replays.simulated}
+    except ReplaysStopped as e:
+        results = [] if keys else [r for r in e.done if r is not None]
+        report["interrupted"] = (f"stopped during the fit after {replays.simulated} replays: nothing fitted" if keys
+                                 else f"stopped after {len(results)} of {len(runs)} runs: those are scored")
+        log.warning("interrupted: %s", report["interrupted"])
     finally:
+        report["replays"] = {"asked": replays.asked, "simulated": replays.simulated}
         replays.close()
     stages = [s for rr in results for s in rr.stages]
     wholes = [rr.whole for rr in results if rr.whole is not None]
@@ -107,10 +121,7 @@ def validate(cfg: DictConfig) -> dict:
     report["whole_runs_scored"] = len(scored(wholes))
     report["whole_runs_missing"] = [rr.stages[0].run for rr in results if rr.whole is None and rr.stages]
     report["wall_s"] = time.perf_counter() - t0
-    from testbed.app.stop import stop_on_signals
-
-    with stop_on_signals():  # a signal before here stops it at once; from here, once the files are whole
-        write(cfg.output.dir, stages, wholes, report)
+    write(cfg.output.dir, stages, wholes, report)
     return report
 
 
