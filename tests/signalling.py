@@ -85,6 +85,14 @@ class Run:
     def text(self) -> str:
         return self.seen.decode(errors="replace")
 
+    def session_left(self, timeout: float = 60) -> list[int]:
+        """The processes of its session still running `timeout` s after it ended ([] as soon as none is):
+        a killed process leaves /proc a moment after it closed its output, an orphan not for minutes."""
+        deadline = time.monotonic() + timeout
+        while (left := self.session_processes()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return left
+
     def session_processes(self) -> list[int]:
         """The processes left in its session (every descendant that did not start one of its own)."""
         left = []

@@ -244,7 +244,7 @@ def test_a_signal_to_a_sweep_stops_it_whole_and_lists_every_job(tmp_path, sig):
     assert table.status[0] == "interrupted" and table.completed[0] > 0 and table.unfinished[0] > 0, out[-3000:]
     for job in (1, 2):  # done before the signal, or stopped by it
         assert table.status[job] == "ok" or table.status[job].startswith("interrupted"), table.status[job]
-    assert run.session_processes() == []
+    assert run.session_left() == []
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="finds the sweep's processes through /proc")
@@ -254,7 +254,7 @@ def test_a_sweep_killed_outright_leaves_no_job_running(tmp_path):
     run, sweep, job0 = _start_sweep(tmp_path)
     run.proc.kill()
     code, out = run.finish()  # EOF: no process holds the sweep's stdout any more
-    assert code == -signal.SIGKILL and run.session_processes() == [], out[-2000:]
+    assert code == -signal.SIGKILL and run.session_left() == [], out[-2000:]
     assert not (sweep / "0" / "summary.json").exists()
 
 

@@ -75,9 +75,21 @@ def run_once(cmd: list[str], sig: int, at: float, cwd: Path) -> tuple[str, int |
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         return "hung", None, time.monotonic() - started, -1
+    deadline = time.monotonic() + 5  # a killed process leaves /proc a moment after it closed its output
+    while _session_left(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
     left = _session_left(proc.pid)
+    if left:
+        for pid in _session_pids(proc.pid):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+            except OSError:
+                continue
+            print(f"  left 5 s after: {pid} {cmd}", flush=True)
     text = out.decode(errors="replace")
     kept = "Traceback" not in text
+    if not kept:
+        print(text[text.index("Traceback"):][-3000:], flush=True)
     return ("clean" if kept else "traceback"), proc.returncode, time.monotonic() - started, left
 
 
@@ -88,15 +100,21 @@ def _kept(cwd: Path) -> str:
     return f"{len(files)} files kept, {marked} saying interrupted"
 
 
-def _session_left(sid: int) -> int:
-    n = 0
+def _session_pids(sid: int) -> list[int]:
+    """The live processes of session `sid` (every descendant that did not start a session of its own)."""
+    pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        n += int(fields[3]) == sid and fields[0] != "Z"
-    return n
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _session_left(sid: int) -> int:
+    return len(_session_pids(sid))
 
 
 def main() -> None:
@@ -109,7 +127,7 @@ def main() -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         subprocess.run([sys.executable, "-m", "testbed", "-m", "policy=vllm,static", "trace.max_requests=200",
                         f"hydra.sweep.dir={tmp / 'sweep_for_report'}"], cwd=tmp, env=env, capture_output=True)
-        print(f"{'command':26} {'signal':8} {'at':>4} {'outcome':15} {'exit':>5} {'ended at':>9} {'left':>5}  kept")
+        print(f"{'command':26} {'signal':8} {'at':>4} {'outcome':15} {'exit':>5} {'ended at':>9} {'left 5s':>7}  kept")
         for i, (name, cmd) in enumerate(workloads(tmp, args.vllm_python).items()):
             if args.only and name not in args.only:
                 continue
@@ -117,7 +135,7 @@ def main() -> None:
                 cwd = tmp / f"{i}_{name.split()[0]}_{sig.name}_{at:g}"
                 cwd.mkdir()
                 outcome, code, ended, left = run_once(cmd, sig, at, cwd)
-                print(f"{name:26} {sig.name:8} {at:4g} {outcome:15} {code!s:>5} {ended:8.1f}s {left:5d}  "
+                print(f"{name:26} {sig.name:8} {at:4g} {outcome:15} {code!s:>5} {ended:8.1f}s {left:7d}  "
                       f"{_kept(cwd)}", flush=True)
 
 
