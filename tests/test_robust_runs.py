@@ -279,3 +279,38 @@ def test_an_unwritable_output_folder_fails_before_the_run(tmp_path):
     assert proc.returncode != 0
     assert "output.dir=/proc/no_such_dir/run: the results cannot be written there" in proc.stderr
     assert "simulated in" not in proc.stdout  # nothing ran
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="finds the sweep's processes through /proc")
+def test_ctrl_c_while_the_workers_start_stops_the_sweep_without_a_traceback(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group: loky's workers, still starting (seconds of
+    imports), once took it as a KeyboardInterrupt, the pool broke and the worker's traceback was
+    printed. Now they start deaf to it (app/sweep_signals.py), and every job is listed as not started."""
+    from signalling import Run
+
+    sweep = tmp_path / "sweep"
+    run = Run([sys.executable, "-m", "testbed", *SWEEP, f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}"],
+              tmp_path)
+    run.wait_until(lambda: _booting_worker(run.proc.pid), "a loky worker starting")
+    os.killpg(run.proc.pid, signal.SIGINT)  # as the terminal sends it
+    code, out = run.finish()
+    assert code == 130 and "Traceback" not in out, out[-3000:]
+    table = _table(sweep, out)
+    assert all(status.startswith("interrupted") for status in table.status), table.status
+    assert run.session_left() == []
+
+
+def _booting_worker(parent: int) -> bool:
+    """Whether `parent` has a loky worker that has not taken its first job yet (it ignores no signal)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if _parent(int(stat.parent.name)) != parent:
+                continue
+            cmdline = (stat.parent / "cmdline").read_bytes()
+            status = (stat.parent / "status").read_text()
+        except (OSError, ValueError, IndexError):
+            continue
+        ignored = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigIgn:"))
+        if b"loky" in cmdline and not ignored & (1 << (signal.SIGTERM - 1)):
+            return True
+    return False

@@ -63,7 +63,7 @@ def sweeping(sweep_dir: str | Path) -> Iterator[StopRequest]:
         else:  # asked twice: stop now
             _kill_workers()
 
-    with stop_on_signals() as stop:
+    with stop_on_signals() as stop, _workers_born_deaf():
         remove = when_stopped(react)
         try:
             yield stop
@@ -71,6 +71,40 @@ def sweeping(sweep_dir: str | Path) -> Iterator[StopRequest]:
             remove()
             if stop():  # the workers idle now: end them with the sweep, not minutes later
                 _kill_workers()
+
+
+@contextlib.contextmanager
+def _workers_born_deaf() -> Iterator[None]:
+    """loky's workers start with SIGINT and SIGTERM blocked, until they join the sweep (`_join`).
+
+    A terminal's Ctrl-C goes to the whole foreground process group, and a worker still booting (its
+    Python starting, the first job's modules loading, seconds) would take it as a KeyboardInterrupt
+    there: the pool broke, and the command printed the worker's traceback. A blocked signal stays
+    pending, a signal mask is inherited through fork and exec (signal(7)), and `_join` ignores both
+    signals before it unblocks them, so what came while the worker booted is dropped: the command
+    forwards the stop to workers that joined, and a job reads the marker. loky spawns with its
+    `backend.fork_exec.fork_exec` (imported at each spawn, popen_loky_posix.py `_launch`), wrapped here
+    for the sweep's time; the mask is blocked in the spawning thread only, for the fork's moment.
+    Without that function (another loky), nothing changes."""
+    try:
+        from joblib.externals.loky.backend import fork_exec as module
+    except ImportError:
+        yield
+        return
+    original = module.fork_exec
+
+    def fork_exec(*args, **kwargs):
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    module.fork_exec = fork_exec
+    try:
+        yield
+    finally:
+        module.fork_exec = original
 
 
 @contextlib.contextmanager
@@ -118,6 +152,7 @@ def _join() -> None:
         os.setpgid(0, 0)
     for s in SIGNALS:
         signal.signal(s, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # (born blocked: _workers_born_deaf)
 
 
 def _workers() -> list[int]:
