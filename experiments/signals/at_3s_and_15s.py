@@ -51,8 +51,12 @@ def workloads(tmp: Path, vllm_python: str | None) -> dict[str, list[str]]:
         "testbed-report": script("testbed-report", "testbed.app.commands", "report", str(sweep)),
     }
     if vllm_python:
-        jobs["testbed-referee"] = script("testbed-referee", "testbed.app.commands", "referee",
-                                         "referee.reference=vllm_native", python=[vllm_python, "-c"])
+        jobs["testbed-referee (native)"] = script("testbed-referee", "testbed.app.commands", "referee",
+                                                  "referee.reference=vllm_native", python=[vllm_python, "-c"])
+        jobs["testbed-referee (real)"] = script(  # real vLLM running a tiny model on this CPU
+            "testbed-referee", "testbed.app.commands", "referee", "model=tiny_llama", "model.head_dim=32",
+            "trace.max_requests=400", "trace.max_prompt_len=512", "trace.max_output_len=48",
+            "scheduler.max_model_len=1024", python=[vllm_python, "-c"])
     return jobs
 
 
