@@ -109,8 +109,17 @@ def check_writable(out_dir: str | Path, key: str = "output.dir") -> None:
                       "writable folder") from None
 
 
+def arrow_leaves_signals_alone() -> None:
+    """pyarrow takes SIGINT for itself while it writes a parquet file and cancels the write (ArrowCancelled):
+    a sweep job stopped by Ctrl-C once lost its results so. The signal is the command's (app/stop.py)."""
+    import pyarrow
+
+    pyarrow.enable_signal_handlers(False)
+
+
 def write_results(out_dir: str | Path, requests: pd.DataFrame, steps: pd.DataFrame | None, summary: dict,
                   config_yaml: str, run_info: dict) -> Path:
+    arrow_leaves_signals_alone()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     requests.to_parquet(out / "requests.parquet", index=False)

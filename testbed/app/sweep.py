@@ -26,7 +26,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from testbed.app.results import FAILED, RunNotComplete, record_failure, run_status
+from testbed.app.results import FAILED, RunNotComplete, arrow_leaves_signals_alone, record_failure, run_status
 from testbed.app.stop import signal_name
 
 if TYPE_CHECKING:  # the callback is built by every run (conf/config.yaml): tables are a sweep's end only
@@ -101,6 +101,7 @@ def write_sweep_table(sweep_dir: str | Path) -> pd.DataFrame:
         return df
     df = df.sort_values([c for c in ("policy", "trace", "rate_scale", "job") if c in df.columns], kind="stable")
     df.to_csv(Path(sweep_dir) / "sweep_summary.csv", index=False)
+    arrow_leaves_signals_alone()
     df.to_parquet(Path(sweep_dir) / "sweep_summary.parquet", index=False)
     return df
 
