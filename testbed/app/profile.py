@@ -17,6 +17,7 @@ import time
 from array import array
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import hydra
 import numpy as np
@@ -88,7 +89,7 @@ def time_host(policy_name: str, knobs: dict, n: int, limits: SchedulerLimits, bl
     return shape, _measure(step, repeats, warmup, pc.min_time_s, retries)
 
 
-def run_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
+def run_profile(cfg: DictConfig, out: str | Path | None = None, stop: Callable[[], bool] | None = None) -> Path:
     """Profile the engine the config describes (model, device, dtype, block size) over `cfg.profile`'s
     grid and write the profile file; returns its path."""
     import torch
@@ -122,12 +123,9 @@ def run_profile(cfg: DictConfig, out: str | Path | None = None) -> Path:
     order = np.random.default_rng(cfg.seed).permutation(len(points))
     rows: list[dict | None] = [None] * len(points)
     b0, c0, t0 = system_busy_s(), time.process_time(), time.perf_counter()
-    from testbed.app.stop import current
-
-    stop = current()  # a signal (app/stop.py) ends the grid between points: the points measured are written
     for i in tqdm(order, desc=f"profile {spec.name} on {engine.device_name}", unit="pt", disable=not show,
                   leave=False):
-        if stop is not None and stop():
+        if stop is not None and stop():  # a signal (app/stop.py) ends the grid between points: those measured are written
             break
         p = points[i]
         if p.kind == "host":
@@ -167,8 +165,8 @@ def main(cfg: DictConfig) -> str:
         from testbed.app.stop import stop_on_signals
 
         check_config(cfg, backend="engine")  # it profiles the engine, whatever backend.name says
-        with stop_on_signals():  # a signal ends the grid between points; the points measured are written
-            path = run_profile(cfg)
+        with stop_on_signals() as stop:  # a signal ends the grid between points; the points measured are written
+            path = run_profile(cfg, stop=stop)
     header, _ = read_profile(path)
     if "interrupted" in header:
         print(f"profile: {path}  (interrupted: {header['interrupted']}; no cost model fitted)")

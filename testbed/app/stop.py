@@ -147,11 +147,6 @@ def when_stopped(hook: Callable[[int], None]) -> Callable[[], None]:
     return lambda: h.hooks.remove(hook) if hook in h.hooks else None
 
 
-def current() -> StopRequest | None:
-    """The stop request of the signal handlers in place, if any."""
-    return _active.stop if _active is not None else None
-
-
 def after_fork() -> StopRequest:
     """In a forked child: the parent's handlers without its forwards and hooks (they act for the
     parent), in flag mode for the child's whole life; a stop the parent had seen is kept."""

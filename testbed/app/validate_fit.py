@@ -100,12 +100,9 @@ class Replays:
         return [f.result() if f.done() and not f.cancelled() else None for f in futures]
 
     def close(self) -> None:
-        """The pool's end; after a signal (app/stop.py), at once: its replays are dropped, not awaited."""
-        from testbed.app.stop import current
-
+        """The pool's end; after a signal (`stop`), at once: its replays are dropped, not awaited."""
         if self._pool is not None:
-            stop = current()
-            if stop is not None and stop():
+            if self.stop():
                 workers = list((getattr(self._pool, "_processes", None) or {}).values())
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 for w in workers:

@@ -75,7 +75,6 @@ def _validate(cfg: DictConfig, stop) -> dict:
     report: dict = {"runs": folders, "cost_model": cfg.cost_model.name, "hardware": cfg.hardware.name,
                     "frontend": cfg.get("frontend", {}).get("name", "none"), "policy": cfg.policy.name}
     replays = Replays(cfg, stop)
-    results = []
     try:
         if keys:
             report["starting_values"] = {k: float(OmegaConf.select(cfg, k)) for k in keys}
