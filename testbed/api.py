@@ -190,9 +190,8 @@ def sweep(grid: dict[str, list], *, overrides: list[str] | None = None, output_d
                 done.append(_sweep_job(full, job, root / name if root else None))
     rows = []
     for combo, (job, full, name), (status, config, summary) in zip(combos, jobs, done):
-        swept = dict(zip(keys, combo))
         row = job_row(name, status, list(full.hydra.overrides.task), config, summary)
-        rows.append({**{k: v for k, v in swept.items() if k not in row}, **row})
+        rows.append({**{k: row.pop(k, v) for k, v in zip(keys, combo)}, **row})  # the swept keys first
     if root is not None:
         write_sweep_table(root)
     return pd.DataFrame(rows)
