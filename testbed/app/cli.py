@@ -88,6 +88,9 @@ def _run_and_write(cfg: DictConfig) -> tuple[dict, int | None]:
             result.summary["policy_config"] = HydraConfig.get().runtime.choices.get("policy", cfg.policy.name)
         out = write_results(cfg.output.dir, result.requests, result.steps if cfg.output.write_steps else None,
                             result.summary, OmegaConf.to_yaml(cfg, resolve=True), run_info(result))
+        from testbed.app.vllm_bench_format import write_vllm_bench
+
+        write_vllm_bench(out, result.requests, result.summary, cfg)  # the same run in `vllm bench serve`'s keys
     if cfg.logger.name == "wandb":
         from testbed.app.wandb_log import log_to_wandb
 
