@@ -108,6 +108,18 @@ def workload(real: dict, args) -> tuple[list, list[str]]:
     return bench_requests(prompts, outputs, times), notes
 
 
+def _run_dir(args) -> str | None:
+    """`hydra.run.dir=DIR` among the overrides (as testbed-sim takes it): the results folder, taken out."""
+    for o in list(args.overrides):
+        if o.startswith("hydra."):
+            key, _, value = o.partition("=")
+            if key != "hydra.run.dir":
+                raise BenchResultError(f"{o}: only hydra.run.dir is taken here (the results folder, as --out)")
+            args.overrides.remove(o)
+            return value
+    return None
+
+
 def compose(overrides: list[str], model_id: str, out: Path):
     from hydra import compose as hydra_compose, initialize_config_dir
 
@@ -176,7 +188,8 @@ def replay(args) -> int:
 
     real = read_result(args.result)
     requests, notes = workload(real, args)
-    out = Path(args.out or f"outputs/{datetime.now():%Y-%m-%d/%H-%M-%S}_vllm_bench_{Path(args.result).stem}")
+    out = Path(args.out or _run_dir(args) or f"outputs/{datetime.now():%Y-%m-%d/%H-%M-%S}_vllm_bench_"
+                                              f"{Path(args.result).stem}")
     cfg = compose(args.overrides, real["model_id"], out)
     with stop_on_signals() as stop:
         result = simulate(cfg, stop, requests=requests)
@@ -205,7 +218,7 @@ def replay(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     try:
         return replay(args)
     except (BenchResultError, ValueError) as e:  # a bad file, argument or config: one line, no traceback
