@@ -196,7 +196,8 @@ def bench_result(requests, summary: dict, model_id: str, *, backend: str = "open
         index = np.arange(k.sum()) - np.repeat(np.cumsum(k) - k, k)
         token_times = np.repeat(first, k) + index * np.repeat(step, k)
     peak_tokens, peak_concurrent = peak_per_second(arrival[ok], token_times, latency[ok])
-    start = float(np.nanmin(arrival)) if start_s is None and len(df) else (start_s or 0.0)
+    known = arrival[~np.isnan(arrival)]  # a row the loader rejected has no arrival
+    start = start_s if start_s is not None else float(known.min()) if known.size else 0.0
     ends = arrival[ok] + latency[ok]
     duration = float(ends.max() - start) if ok.size else 0.0
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
@@ -212,7 +213,7 @@ def bench_result(requests, summary: dict, model_id: str, *, backend: str = "open
         "label": label or f"testbed-{summary.get('backend', 'sim')}: {summary.get('policy')} on {summary.get('trace')}",
         "model_id": model_id, "tokenizer_id": model_id, "num_prompts": int(len(df)),
         "request_rate": request_rate,
-        "burstiness": burstiness if burstiness is not None else _burstiness(arrival[~np.isnan(arrival)]),
+        "burstiness": burstiness if burstiness is not None else _burstiness(known),
         "max_concurrency": None,
         "duration": duration, "completed": completed, "failed": int(len(df) - completed),
         "total_input_tokens": total_in, "total_output_tokens": total_out,

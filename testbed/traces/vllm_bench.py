@@ -23,10 +23,10 @@ def random_lengths(num_prompts: int, input_len: int, output_len: int, range_rati
     RandomDataset's own `np.random.default_rng(seed)` (vllm/benchmarks/datasets/datasets.py L579): integers
     uniform on [floor(real*(1-r)), ceil(real*(1+r))] with real = input_len - the tokenizer's special tokens,
     outputs on [max(1, floor(out*(1-r))), max(1, ceil(out*(1+r)))], inputs first. The prompt then holds
-    prefix_len + that many tokens (datasets.py L745), and the server adds the special tokens back
+    prefix_len + that many tokens (datasets.py L753), and the server adds the special tokens back
     (Llama-3's BOS: `num_special_tokens=1`), which is what the saved `input_lens` count (usage.prompt_tokens,
     vllm/benchmarks/lib/endpoint_request_func.py). With `--ignore-eos`, which the random dataset sets for
-    OpenAI-compatible backends (vllm/benchmarks/serve.py L2129-2134), every output is as long as drawn.
+    OpenAI-compatible backends (vllm/benchmarks/serve.py L2135-2139), every output is as long as drawn.
     """
     in_ratio, out_ratio = range_ratio if isinstance(range_ratio, tuple) else (range_ratio, range_ratio)
     for what, r in (("input", in_ratio), ("output", out_ratio)):
@@ -48,7 +48,7 @@ def random_lengths(num_prompts: int, input_len: int, output_len: int, range_rati
 def send_times(num_prompts: int, request_rate: float, burstiness: float, seed: int) -> list[float]:
     """When each request is sent, in seconds after the benchmark starts.
 
-    vLLM's `get_request` (vllm/benchmarks/serve.py L402-506), after `np.random.seed(seed)` (serve.py L2013;
+    vLLM's `get_request` (vllm/benchmarks/serve.py L402-515), after `np.random.seed(seed)` (serve.py L2013;
     neither the random dataset, which has its own generator, nor ShareGPT's, which shuffles with Python's
     `random`, draws from numpy's global one before it): each gap is Gamma(shape=burstiness,
     scale=1/(rate*burstiness)) (L475-479; burstiness 1 is Poisson), a rate of inf sends all at once, a
