@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,9 @@ ARGS = ["--seed", "42", "--random-input-len", "256", "--random-output-len", "64"
 
 
 def _json_type(v) -> str:
-    return "null" if v is None else "number" if isinstance(v, (int, float)) and not isinstance(v, bool) else type(v).__name__
+    if v is None:
+        return "null"
+    return "number" if isinstance(v, (int, float)) and not isinstance(v, bool) else type(v).__name__
 
 
 # --- a reader written against `vllm bench serve` results, the way vLLM's own scripts read them -----------------
@@ -43,7 +44,8 @@ def vllm_style_read(path: Path) -> dict:
         timeline.append({"start_time": record["start_times"][i], "ttft": record["ttfts"][i], "itl": record["itls"][i],
                          "latency": latency, "prompt_len": record["input_lens"][i],
                          "output_tokens": record["output_lens"][i]})
-    headline = {f"{s} {m}": float(record[f"{s}_{m}_ms"]) for m in ("ttft", "tpot", "itl") for s in ("mean", "median", "p99")}
+    headline = {f"{s} {m}": float(record[f"{s}_{m}_ms"])
+                for m in ("ttft", "tpot", "itl") for s in ("mean", "median", "p99")}
     return {"record": record, "throughput": float(record["output_throughput"]), "users": users,
             "timeline": timeline, "headline": headline}
 
@@ -170,7 +172,8 @@ def _bad(tmp_path, change, extra=()) -> subprocess.CompletedProcess:
     change(real)
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(real))
-    return subprocess.run(script_command("testbed-vllm-bench", [str(path), *ARGS, *extra, "--out", str(tmp_path / "o")]),
+    command = script_command("testbed-vllm-bench", [str(path), *ARGS, *extra, "--out", str(tmp_path / "o")])
+    return subprocess.run(command,
                           capture_output=True, text=True, env=environment(), cwd=tmp_path, timeout=300)
 
 

@@ -29,8 +29,10 @@ from testbed.traces.vllm_bench import bench_requests, random_lengths, send_times
 NAME = "testbed-vllm-bench"
 FILE_DATASETS = ("sharegpt", "custom", "hf", "burstgpt", "sonnet", "spec_bench", "prefix_repetition")
 # what is compared: vLLM's throughputs and its headline statistics of each latency
-ROWS = (("duration", "duration (s)"), ("completed", "completed"), ("request_throughput", "request throughput (req/s)"),
-        ("output_throughput", "output throughput (tok/s)"), ("total_token_throughput", "total token throughput (tok/s)"),
+ROWS = (("duration", "duration (s)"), ("completed", "completed"),
+        ("request_throughput", "request throughput (req/s)"),
+        ("output_throughput", "output throughput (tok/s)"),
+        ("total_token_throughput", "total token throughput (tok/s)"),
         *((f"{s}_{m}_ms", f"{s} {m.upper()} (ms)") for m in METRICS for s in ("mean", "median", "p99")),
         ("max_output_tokens_per_s", "peak output tokens/s"), ("max_concurrent_requests", "peak concurrent requests"))
 
@@ -74,7 +76,7 @@ def workload(real: dict, args) -> tuple[list, list[str]]:
     source = args.lengths if args.lengths != "auto" else ("seed" if args.dataset_name == "random" else "file")
     if source == "seed":
         if args.dataset_name != "random":
-            raise BenchResultError(f"--lengths seed: only --dataset-name random draws its lengths from the seed")
+            raise BenchResultError("--lengths seed: only --dataset-name random draws its lengths from the seed")
         prompts, outputs = random_lengths(n, args.random_input_len, args.random_output_len, args.random_range_ratio,
                                           args.seed, args.random_prefix_len, args.num_special_tokens)
         notes.append(f"lengths: drawn from seed {args.seed} as vLLM's random dataset draws them")

@@ -31,8 +31,8 @@ What each key means in a simulated run (a replay on the engine or on vLLM alike,
 - max_output_tokens_per_s, max_concurrent_requests: vLLM's per-second buckets (serve.py L686-724), from
   each token's time, or, where token times were not recorded (`testbed_token_times` false), from tokens
   spread evenly between a request's first token and its end. rtfx: 0 (no audio).
-- tensor_parallel_size, pipeline_parallel_size: the run's, as `vllm bench sweep` adds the server's settings (sweep/serve.py L54-63)
-  (vllm/benchmarks/sweep/plot_pareto.py L77-78 counts a run's GPUs from them).
+- tensor_parallel_size, pipeline_parallel_size: the run's, as `vllm bench sweep` adds the server's settings
+  (vllm/benchmarks/sweep/serve.py L54-63; sweep/plot_pareto.py L77-78 counts a run's GPUs from them).
 - mean/median/std/p50/p90/p99 of ttft_ms, tpot_ms, itl_ms, e2el_ms: the summary's (the same definitions,
   numpy's percentiles as vLLM's); 0 where there are no values, as vLLM's `np.mean(x or 0)` gives.
 """
