@@ -99,9 +99,12 @@ def write_run(cfg: DictConfig, result) -> Path:
     """The run's files in `output.dir` (app/results.py), the same whichever door the run came in by."""
     from testbed.app.results import write_results
     from testbed.app.run import run_info
+    from testbed.app.vllm_bench_format import write_vllm_bench
 
-    return write_results(cfg.output.dir, result.requests, result.steps if cfg.output.write_steps else None,
-                         result.summary, OmegaConf.to_yaml(cfg, resolve=True), run_info(result))
+    out = write_results(cfg.output.dir, result.requests, result.steps if cfg.output.write_steps else None,
+                        result.summary, OmegaConf.to_yaml(cfg, resolve=True), run_info(result))
+    write_vllm_bench(out, result.requests, result.summary, cfg)  # the same run in `vllm bench serve`'s keys
+    return out
 
 
 def report_run(cfg: DictConfig, result, out: Path | None, print_table: bool | None = None) -> None:
