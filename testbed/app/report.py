@@ -321,7 +321,8 @@ def _build_report(sweep_dir: str | Path, rate_scale: float | None, out: str | Pa
         notes.append("Built from the committed sweep_summary.csv alone: the per-request latency CDFs (and a "
                      "capacity search's attainment curves) need the jobs' folders, which are not committed.")
     page = render_page(sweep.name, df, not_ok, facts, style, title,
-                       [(label, base64.b64encode(p.read_bytes()).decode(), p.name) for label, p in images],
+                       [(label, base64.b64encode(p.read_bytes()).decode(), p.name,
+                         int.from_bytes(p.read_bytes()[16:20], "big")) for label, p in images],  # its width (IHDR)
                        interactive, notes)
     out.write_text(page)
     return out

@@ -57,7 +57,7 @@ def table(df: pd.DataFrame, style: dict[str, Style]) -> tuple[list[str], list[di
 
 
 def render_page(name: str, df: pd.DataFrame, not_ok: pd.DataFrame, facts: SweepFacts, style: dict[str, Style],
-                key: str | None, images: list[tuple[str, str, str]], interactive: str | None,
+                key: str | None, images: list[tuple[str, str, str, int]], interactive: str | None,
                 notes: list[str]) -> str:
     env = Environment(loader=PackageLoader("testbed.app", "templates"), autoescape=select_autoescape(["j2", "html"]),
                       trim_blocks=True, lstrip_blocks=True)

@@ -129,8 +129,8 @@ def plain_number(v: float, _pos=None) -> str:
 
 
 def log_axis(ax, which: str = "y") -> None:
-    """A log scale labelled with plain numbers at 1-2-5 steps (every integer multiple within one decade),
-    or a linear scale where the data span less than a factor of 1.5 (a log axis would label nothing)."""
+    """A log scale labelled with plain numbers at the sparsest of 1, 1-3, 1-2-5, 1-2-3-5 and every integer
+    step that gives 3 to 8 labels, or a linear scale where the data span less than a factor of 1.5."""
     axis = ax.yaxis if which == "y" else ax.xaxis
     k = 1 if which == "y" else 0
     data = [np.asarray(line.get_xydata()[:, k], dtype=float) for line in ax.lines  # not a threshold's axes-wide span
@@ -142,14 +142,15 @@ def log_axis(ax, which: str = "y") -> None:
     (ax.set_yscale if which == "y" else ax.set_xscale)("log")
     pad = 1.12 if which == "y" else 1.06
     lo, hi = values.min() / pad, values.max() * pad
+    nice = ticker.LogLocator(subs=(1.0, 2.0, 5.0), numticks=100).tick_values(lo / 1.3, hi * 1.3)
+    lo = max([t for t in nice if t <= lo and lo / t < 1.3], default=lo)  # an end on a labelled 1-2-5 value,
+    hi = min([t for t in nice if t >= hi and t / hi < 1.3], default=hi)  # where that widens the axis little
     (ax.set_ylim if which == "y" else ax.set_xlim)(lo, hi)
-    for subs in ((1.0,), (1.0, 2.0, 5.0), tuple(range(1, 10))):
-        ticks = ticker.LogLocator(subs=subs).tick_values(lo, hi)
-        if ((ticks >= lo) & (ticks <= hi)).sum() >= 3 or subs[-1] == 9:
+    for subs in ((1.0,), (1.0, 3.0), (1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0), tuple(range(1, 10))):
+        ticks = ticker.LogLocator(subs=subs, numticks=100).tick_values(lo, hi)
+        if 3 <= ((ticks >= lo) & (ticks <= hi)).sum() <= 8:  # enough to read a value off, not a crowd
             break
-    if (hi / lo) > 1e4:
-        subs = (1.0,)
-    axis.set_major_locator(ticker.LogLocator(subs=subs))
+    axis.set_major_locator(ticker.LogLocator(subs=subs, numticks=100))
     axis.set_major_formatter(ticker.FuncFormatter(plain_number))
     axis.set_minor_formatter(ticker.NullFormatter())
 
