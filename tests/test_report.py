@@ -86,6 +86,9 @@ def test_labels_name_only_the_swept_keys(tmp_path):
     assert "2 jobs" not in page and "4 jobs plotted; policies: vllm, sjf." in page
     header = page[page.index('<dl class="facts">'):page.index("</dl>")]
     assert "<code>trace.max_requests=40</code>" in header  # the constant goes to the header
+    # the interactive figure: each selector box shows and hides the SVG lines of its series, in every panel
+    boxes = set(re.findall(r'data-n="(\d+)"', page))
+    assert boxes == set(re.findall(r'id="series-(\d+)-t\d+"', page)) and len(boxes) == 2
     table = page[page.index("<tbody>"):]
     assert "max_requests" not in table and "max_requests" not in page[page.index('id="selector"'):
                                                                        page.index("</div>", page.index('id="selector"'))]
