@@ -5,6 +5,7 @@ simulation runs here; tests/test_cli.py builds a report of a real one."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -15,7 +16,6 @@ import matplotlib
 matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 from testbed.app import report as R  # noqa: E402
@@ -56,7 +56,8 @@ def make_sweep(root: Path, policies, rates=(1.0, 2.0), traces=("azure_conv",), c
                     "hardware": "h100-sxm", "cost_model": "kernels", "frontend": "vllm_api", "slo": SLO["name"],
                     "offered_request_rate": 5.0 * rate, "completed": 40, "p50_ttft_ms": ttft,
                     "median_ttft_ms": ttft, "p99_ttft_ms": 7 * ttft, "p50_tpot_ms": 8.0 + p_i,
-                    "median_tpot_ms": 8.0 + p_i, "p99_tpot_ms": 20.0 + rate + p_i, "request_goodput": 5 * rate / (1 + p_i),
+                    "median_tpot_ms": 8.0 + p_i, "p99_tpot_ms": 20.0 + rate + p_i,
+                    "request_goodput": 5 * rate / (1 + p_i),
                     "slo_attainment": 1 / (1 + 0.1 * p_i * rate)}))
                 (job / "run_info.json").write_text(json.dumps({"commit": commit}))
                 pd.DataFrame({"ttft_ms": rng.lognormal(np.log(ttft), 0.5, 40), "tpot_ms": rng.lognormal(2.2, 0.3, 40),
@@ -90,8 +91,8 @@ def test_labels_name_only_the_swept_keys(tmp_path):
     boxes = set(re.findall(r'data-n="(\d+)"', page))
     assert boxes == set(re.findall(r'id="series-(\d+)-t\d+"', page)) and len(boxes) == 2
     table = page[page.index("<tbody>"):]
-    assert "max_requests" not in table and "max_requests" not in page[page.index('id="selector"'):
-                                                                       page.index("</div>", page.index('id="selector"'))]
+    selector = page[page.index('id="selector"'):page.index("</div>", page.index('id="selector"'))]
+    assert "max_requests" not in table and "max_requests" not in selector
 
 
 def test_swept_keys_from_hydra_sweep_syntax(tmp_path):
@@ -207,7 +208,7 @@ def test_a_committed_table_alone_makes_a_report(tmp_path):
 def test_not_a_sweep_is_one_line_and_exit_2(tmp_path):
     code = "import sys; from testbed.app.commands import report; sys.exit(report())"
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "nothing")], capture_output=True, text=True,
-                          cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(Path(R.__file__).parents[2])})
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(Path(R.__file__).parents[2])})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == f"testbed-report: {tmp_path / 'nothing'}: no such folder (give a multirun folder, " \
                                   "or one holding a sweep_summary.csv)"

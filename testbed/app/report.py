@@ -81,7 +81,8 @@ def _slo_line(ax, metric: str, slo: dict, axis: str = "y") -> None:
     ax.annotate(text.format(value), fontsize=7, color=SLO_COLOR, va="bottom", ha="left", **kw)
 
 
-def _series_lines(ax, sub: pd.DataFrame, x: str, y: str, style: dict[str, Style], own: list[str], gid: str = "") -> list:
+def _series_lines(ax, sub: pd.DataFrame, x: str, y: str, style: dict[str, Style], own: list[str],
+                  gid: str = "") -> list:
     """Every series of `sub`, those of other panels in grey behind this panel's own; the handles of its own."""
     handles = []
     for label in [s for s in style if s not in own] + own:

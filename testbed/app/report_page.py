@@ -47,7 +47,8 @@ def table(df: pd.DataFrame, style: dict[str, Style]) -> tuple[list[str], list[di
     share are left to the header and the CSV), rows by series, trace and load."""
     cols = [(c, h, k) for c, h, k in TABLE if c in df and df[c].notna().any()]
     cols = [(c, h, k) for c, h, k in cols if not (c in ("trace", "rate_scale") and df[c].nunique() == 1)
-            and not (c in ("prefix_cache_hit_rate", "routed_max_share", "num_preemptions") and not df[c].fillna(0).any())]
+            and not (c in ("prefix_cache_hit_rate", "routed_max_share", "num_preemptions")
+                     and not df[c].fillna(0).any())]
     order = {s: i for i, s in enumerate(style)}
     df = df.assign(_o=df["series"].map(order)).sort_values(
         ["_o"] + [c for c in ("trace", "rate_scale", "offered_request_rate") if c in df], kind="stable")
