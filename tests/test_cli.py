@@ -84,6 +84,7 @@ def test_small_multirun(tmp_path):
         assert (img < 0.9).mean() > 0.01, f"{png.name} is blank"
     text = page.read_text()
     assert text.count("data:image/png;base64,") == 7 and "<table" in text and "static" in text
+    assert "4 jobs plotted; policies: vllm, static." in text  # the constant trace.max_requests=100 is not a label
 
 
 def test_fast_forward_changes_nothing(tmp_path):
@@ -174,10 +175,20 @@ def test_ray_launcher_on_a_local_instance(tmp_path):
 
 
 def test_report_series_separate_swept_knobs():
-    from testbed.app.report import _series
+    from testbed.app.report import series_components, series_label
+    from testbed.app.report_sweep import label_keys
 
-    assert _series("+experiment=x policy=edf trace=azure_conv trace.rate_scale=2", "edf") == "edf"
-    assert _series("policy.token_budget=128 trace.rate_scale=1", "sarathi") == "sarathi policy.token_budget=128"
+    df = pd.DataFrame({"policy": ["sarathi", "sarathi"], "policy_config": ["sarathi", "sarathi"],
+                       "overrides": ["policy.token_budget=128 trace.rate_scale=1 trace.max_requests=9",
+                                     "policy.token_budget=256 trace.rate_scale=1 trace.max_requests=9"]})
+    keys = label_keys(["policy.token_budget", "trace.rate_scale"])  # what the sweep swept; load is the x axis
+    assert [series_label(c) for c in series_components(df, keys)] == ["128", "256"]
     # an experiment's sub-preset (cluster size with its load) is the x axis, a router its own line
-    assert _series("router=least_kv +experiment/router_mooncake=replicas8 +experiment=router_mooncake",
-                   "vllm") == "vllm router=least_kv"
+    keys = label_keys(["router", "experiment/router_mooncake"])
+    df = pd.DataFrame({"policy": ["vllm"], "overrides": ["router=least_kv +experiment/router_mooncake=replicas8"]})
+    assert [series_label(c) for c in series_components(df, keys)] == ["least_kv"]
+    # nothing swept but load and trace: the policy's config name (sglang_lpm, not sglang)
+    df = pd.DataFrame({"policy": ["sglang"], "policy_config": ["sglang_lpm"], "overrides": ["trace.rate_scale=1"]})
+    assert [series_label(c) for c in series_components(df, label_keys(["trace.rate_scale"]))] == ["sglang_lpm"]
+    df = pd.DataFrame({"policy": ["vllm"], "overrides": ["policy=vllm policy.token_budget=64"]})
+    assert series_label(series_components(df, ["policy", "policy.token_budget"])[0]) == "vllm, token_budget=64"

@@ -270,7 +270,7 @@ def test_a_stalled_sweep_job_is_listed_as_stalled(tmp_path, stalling_policy):
     from testbed.app.report import build_report
 
     page = build_report(sweep).read_text()  # the report plots only the complete runs
-    assert "1 jobs; policies: vllm " in page
+    assert "1 jobs plotted; policies: vllm." in page and "stalled" in page  # listed under the jobs not plotted
 
 
 def test_an_unwritable_output_folder_fails_before_the_run(tmp_path):

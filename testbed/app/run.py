@@ -98,7 +98,10 @@ def replay_on_engine(cfg: DictConfig, stop: Callable[[], bool] | None = None) ->
 
 
 def run_info(result: RunResult) -> dict:
+    """What varies between two runs of one config, the testbed's commit among it (a report's header names it)."""
     import simpy
 
+    from testbed.engine.machine import testbed_commit
+
     return {"wall_s": result.wall_s, "run_s": result.run_s, "python": platform.python_version(), "simpy": simpy.__version__,
-            "numpy": np.__version__, "pandas": pd.__version__, "host": platform.node()}
+            "numpy": np.__version__, "pandas": pd.__version__, "host": platform.node(), "commit": testbed_commit()}
