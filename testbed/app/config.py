@@ -389,6 +389,9 @@ def register_configs() -> None:
     # a sweep job's folder from its overrides (conf/config.yaml: hydra.sweep.subdir); registered here, where every
     # process that runs a job registers it: the launchers' workers import the task function's module (testbed.app.cli)
     OmegaConf.register_new_resolver("safe_dirname", safe_dirname, replace=True)
+    from testbed.app.command_help import template
+
+    OmegaConf.register_new_resolver("testbed_help", template, replace=True)  # conf/config.yaml hydra.help
     cs = ConfigStore.instance()
     cs.store(name="testbed_schema", node=TestbedConfig)
     cs.store(group="trace", name="trace_schema", node=TraceConfig)
