@@ -81,11 +81,11 @@ def test_available_memory_is_read_from_the_machine():
 
 
 def test_testbed_sim_refuses_at_start_with_the_message(tmp_path):
-    """The console script: exit 1 with the message, no result folder written past the config."""
+    """The console script: exit 2 (a user error) with the message, no result folder written past the config."""
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     out = subprocess.run([sys.executable, "-m", "testbed", *FAST, "backend.replicas=100000", "trace.max_requests=10",
                           f"output.dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
                          capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 1
+    assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "backend.replicas=100000: the run would hold about 459 GB" in out.stderr
     assert not (tmp_path / "run" / "summary.json").exists()

@@ -189,5 +189,5 @@ def test_preset_is_sarathi_serve_as_shipped():
         assert SarathiKnobs().token_budget == 512 and SarathiKnobs().watermark == 0.01
         cfg = compose("config", overrides=["policy=sarathi", "kv.enable_prefix_caching=true", "policy.token_budget=128"])
         assert cfg.kv.enable_prefix_caching and cfg.policy.token_budget == 128
-        cfg = compose("config", overrides=["+experiment=sarathi_budget"])
+        cfg = compose("config", overrides=["experiment=sarathi_budget"])
         assert cfg.policy.name == "sarathi" and not cfg.kv.enable_prefix_caching and cfg.kv.block_size == 16

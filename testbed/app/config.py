@@ -197,6 +197,8 @@ class BackendConfig:
     dtype: Optional[str] = None  # null: the model's dtype
     cuda_graphs: bool = True  # on a GPU, decode-only steps replay CUDA graphs (engine/decode_graphs.py)
     cuda_graph_max_tokens: int = bounded(262_144, ge=1)  # largest batch x gathered context given a graph; larger steps run eagerly
+    # on a CPU, torch's threads (torch.set_num_threads); null: engine/setup.py cpu_threads picks (see there why)
+    threads: Optional[int] = bounded(None, ge=1)
     # backend=vllm only: "native" (vLLM's own V1 scheduler decides, the testbed records) or "policy"
     # (the testbed's policy decides, applied through vLLM's KV primitives)
     scheduler: str = "native"
@@ -389,6 +391,9 @@ def register_configs() -> None:
     # a sweep job's folder from its overrides (conf/config.yaml: hydra.sweep.subdir); registered here, where every
     # process that runs a job registers it: the launchers' workers import the task function's module (testbed.app.cli)
     OmegaConf.register_new_resolver("safe_dirname", safe_dirname, replace=True)
+    from testbed.app.command_help import template
+
+    OmegaConf.register_new_resolver("testbed_help", template, replace=True)  # conf/config.yaml hydra.help
     cs = ConfigStore.instance()
     cs.store(name="testbed_schema", node=TestbedConfig)
     cs.store(group="trace", name="trace_schema", node=TraceConfig)

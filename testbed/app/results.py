@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tempfile
 from dataclasses import fields
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from testbed.core.loop import StepSeries
+from testbed.core.loop import TOO_LONG, StepSeries
 
 if TYPE_CHECKING:  # imported where tables are built: a rerun's skip check and the CLI's table need no pandas
     import pandas as pd
@@ -172,9 +173,28 @@ def format_table(summary: dict) -> str:
                      f"{fmt(summary['p99_kv_transfer_ms'])}, decode KV wait mean {fmt(summary['mean_kv_wait_ms'])} "
                      f"p99 {fmt(summary['p99_kv_wait_ms'])}"))
     failed = [k for k, ok in summary["slo_checks"].items() if not ok]
-    verdict = "pass" if summary["slo_pass"] else "fail" + (f" ({', '.join(failed)})" if failed else "")
+    verdict = ("none" if not summary["slo_checks"] else "pass" if summary["slo_pass"]
+               else "fail" + (f" ({', '.join(failed)})" if failed else ""))
     rows.append((f"SLO {summary['slo']}", f"goodput {summary['request_goodput']:.2f} req/s, attainment "
                                           f"{summary['slo_attainment']:.1%}, p{summary.get('slo_percentile', 99):g} "
                                           f"check: {verdict}"))
+    rows.append(("SLO check", slo_check_line(summary)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+_CHECK = re.compile(r"p([\d.]+)_(ttft|tpot|e2el)_ms<=(.+)")
+_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2E latency"}
+
+
+def slo_check_line(summary: dict) -> str:
+    """What the check verdict above it checked, against what, and which requests it left out (metrics.summarize)."""
+    limits = [f"p{m[1]} {_LABELS[m[2]]} <= {m[3]} ms" for k in summary["slo_checks"] if (m := _CHECK.fullmatch(k))]
+    if not limits:
+        return f"slo={summary['slo']} sets no latency limit: nothing to check"
+    line = f"{' and '.join(limits)} over the finished requests, and every request finished"
+    too_long = summary.get("reject_reasons", {}).get(TOO_LONG, 0)
+    if too_long:
+        line += (f"; {too_long} request{'s' if too_long != 1 else ''} rejected (longer than the context), "
+                 "not counted")
+    return line

@@ -87,13 +87,15 @@ def replay_on_engine(cfg: DictConfig, stop: Callable[[], bool] | None = None) ->
     if drafter_factory(cfg) is not None:  # check_config refuses it first; a direct call must too
         raise ValueError(f"spec_decode.method={cfg.spec_decode.method}: speculative decoding is the simulator's only")
     spec = resolve_model_spec(cfg.model)
-    engine = build_engine(cfg, spec)
+    engine = build_engine(cfg, spec, threads=True)
     setup = prepare(cfg, model=engine.spec, device_blocks=engine.num_blocks)
     replay = engine.replay(setup.requests, setup.make_loop(cfg, engine.num_blocks), cfg.backend.horizon_s, cfg.seed)
     log.info("engine ready on %s (%d KV blocks): replaying %d requests on the wall clock",
              engine.device_name, engine.num_blocks, len(setup.requests))
     result = finish(cfg, setup, replay.run(stop), "engine", t0)
     result.summary.update(device=engine.device_name, dtype=str(engine.dtype).removeprefix("torch."))
+    if engine.cpu_threads is not None:  # the step times depend on them (backend.threads)
+        result.summary["cpu_threads"] = engine.cpu_threads
     return result
 
 

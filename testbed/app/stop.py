@@ -20,7 +20,8 @@ so a signal that arrived during setup also stops the run at its first step.
 `on_signals(forward)` hands every signal to `forward` instead (a process that waits on a child
 doing the work: `app/isolated.py`), and `when_stopped(hook)` lets a sweep pass the first signal on
 to its jobs (`app/sweep_signals.py`). `die_with_parent()` ties a child process's life to its parent's.
-This module imports only the standard library: the console scripts import it first.
+This module imports only the standard library (and app/user_errors.py, which imports nothing else): the
+console scripts import it first.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ import signal
 import sys
 import threading
 from typing import Callable, Iterator
+
+from testbed.app import user_errors
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -179,12 +182,28 @@ def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
         os.kill(os.getpid(), signum)
 
 
+_command: str | None = None  # the console script running in this process (its --help names it)
+
+
+def command_name() -> str | None:
+    return _command
+
+
 def run_command(module: str, function: str, name: str) -> int | None:
     """The console script `name`: `module.function()` under the signal handlers, imports included. A
-    signal ends it with 128 + its number, no traceback, whatever the command had written kept."""
-    with _handlers() as h:
+    signal ends it with 128 + its number, no traceback, whatever the command had written kept; a user
+    error (app/user_errors.py) with its message and exit 2."""
+    global _command
+    _command = name
+    with _handlers() as h, user_errors.errors_raised() as full_error:
         try:
             result = getattr(importlib.import_module(module), function)()
+        except Exception as e:  # a user error says so in its own words, exit 2; a bug keeps its traceback
+            if full_error or not (user_errors.is_user_error(e) or user_errors.is_not_complete(e)):
+                raise
+            print(f"{name}: {'error: ' if user_errors.is_user_error(e) else ''}{user_errors.message(e)}",
+                  file=sys.stderr)
+            return user_errors.USAGE_EXIT if user_errors.is_user_error(e) else user_errors.NOT_COMPLETE_EXIT
         except KeyboardInterrupt as e:  # the signal stopped it where it stood (or a second one: at once)
             signum = getattr(e, "signum", None) or h.stop.signum or signal.SIGINT
             how = "at once, on a second signal" if getattr(e, "at_once", False) else "where it stood"

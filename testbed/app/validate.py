@@ -43,7 +43,8 @@ def check_config(cfg: DictConfig, backend: str | None = None) -> None:
     numeric value outside the range its field declares (`testbed.core.bounds`), and, when the
     run uses the engine or vLLM (`backend`, else `cfg.backend.name`), every simulator-only key set
     (the engine and vLLM serve one replica, run every step and have no HTTP front end)."""
-    problems = [p for path, node, schema in schema_nodes(cfg)
+    problems = schema_choices()
+    problems += [p for path, node, schema in schema_nodes(cfg)
                 for p in unknown_keys(path, node, schema) + out_of_range(path, node, schema)]
     name = backend or cfg.backend.get("name")
     if name in ("engine", "vllm"):
@@ -67,6 +68,20 @@ def check_config(cfg: DictConfig, backend: str | None = None) -> None:
         problems += native_problems(cfg, name)
     if problems:
         raise ConfigError(f"config: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
+
+
+def schema_choices() -> list[str]:
+    """A group option named `*_schema` on the command line (`policy=edf_schema`): a schema registered for
+    the configs of its group to name (app/config.py), which Hydra offers among the options but which is
+    no config: it would run with its dataclass defaults, not the ones a config file sets."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():  # composed by the compose API (tests, tools): no choices recorded
+        return []
+    return [f"{group}={choice}: a schema (the keys a {group} config may set), not a config to run; "
+            f"choose a config, e.g. {group}={choice.removesuffix('_schema')}"
+            for group, choice in HydraConfig.get().runtime.choices.items()
+            if isinstance(choice, str) and choice.endswith("_schema") and not group.startswith("hydra")]
 
 
 def native_problems(cfg: DictConfig, backend: str | None) -> list[str]:

@@ -695,11 +695,14 @@ class ReplayOutcome:
     not_arrived_reasons: dict[int, str] = field(default_factory=dict)  # id -> why, where not the run's reason
 
 
+TOO_LONG = "too-long"  # the reason kind of a request longer than the context: the SLO check leaves it out
+
+
 def reject_reason(req: Request, max_model_len: int, kv) -> str:
     """Why a request can never be served (longer than the context, or than the whole KV cache), or ''."""
     total = req.prompt_len + req.output_len
     if total > max_model_len:
-        return (f"too-long: prompt {req.prompt_len} + output {req.output_len} = {total} tokens "
+        return (f"{TOO_LONG}: prompt {req.prompt_len} + output {req.output_len} = {total} tokens "
                 f"> max_model_len {max_model_len}")
     need = kv.blocks_for(total)
     if need > kv.num_blocks:

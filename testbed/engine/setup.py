@@ -38,6 +38,35 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+CPU_THREADS_CAP = 1  # backend.threads=null on a CPU: at most this many (measured: README "The real engine")
+
+
+def cpu_threads(setting: int | None, device: torch.device) -> int | None:
+    """torch's thread count for a replay on `device`: `backend.threads` when set; on a CPU with none set,
+    OMP_NUM_THREADS when the user set it, else at most CPU_THREADS_CAP of the cores this process may use.
+    None: leave torch as it is (a GPU, whose kernels do not use them).
+
+    Why not torch's default (one thread per core): the engine's steps are many small ops, each of which
+    every thread joins; on a many-core or busy host the joins cost more than the work. The README's
+    tiny_llama command took 1,454 ms a token at torch's default on 16 cores and 28 ms with one thread
+    (issue 26); at 40 requests on a busy 2-core host, a mean TPOT of 816 ms at torch's default (2 threads),
+    546 ms at 2 and 54 ms at 1. A larger model on many cores may gain from more: backend.threads=N."""
+    if setting is not None:
+        return int(setting)
+    if device.type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(CPU_THREADS_CAP, cores))
+
+
+def set_cpu_threads(setting: int | None, device: torch.device) -> int:
+    """Apply `cpu_threads`; the threads torch now uses."""
+    threads = cpu_threads(setting, device)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
 def free_memory(device: torch.device) -> int:
     """Bytes free on the device (host RAM available, for the CPU)."""
     if device.type == "cuda":
@@ -52,6 +81,7 @@ class Engine:
     num_blocks: int
     device: torch.device
     dtype: torch.dtype
+    cpu_threads: int | None = None  # torch's threads, where the engine runs on the CPU
 
     @property
     def device_name(self) -> str:
@@ -96,8 +126,13 @@ def kv_cache_blocks(cfg: DictConfig, spec: ModelSpec, device: torch.device, left
     return blocks, f"bounded by {why}"
 
 
-def build_engine(cfg: DictConfig, spec: ModelSpec) -> Engine:
+def build_engine(cfg: DictConfig, spec: ModelSpec, threads: bool = False) -> Engine:
+    """The engine for `cfg`; `threads`: set torch's threads by `backend.threads` first (a replay; a
+    profile and testbed-fidelity set them by `profile.threads`)."""
     device = resolve_device(cfg.backend.device)
+    if threads:
+        log.info("torch threads: %d", set_cpu_threads(cfg.backend.get("threads"), device))
+    cpu_threads = torch.get_num_threads() if device.type == "cpu" else None
     dtype_name = cfg.backend.dtype or spec.dtype
     if spec.checkpoint:  # its shapes (for the fit check), keeping where the weights come from
         spec = replace(ModelSpec.from_hf_config(checkpoint_folder(spec.checkpoint), name=spec.name, dtype=dtype_name),
@@ -134,4 +169,4 @@ def build_engine(cfg: DictConfig, spec: ModelSpec) -> Engine:
     if graphs:  # captured here, before any timing: a replay or a profile never pays for a capture
         runner.enable_decode_graphs(cfg.scheduler.max_num_seqs, cfg.scheduler.max_model_len or spec.max_model_len,
                                     use_graphs=True, max_context_tokens=cfg.backend.cuda_graph_max_tokens)
-    return Engine(spec, runner, num_blocks, device, dtype)
+    return Engine(spec, runner, num_blocks, device, dtype, cpu_threads)
