@@ -69,6 +69,9 @@ def test_small_multirun(tmp_path):
     assert len(merged) == 4 and set(merged.policy) == {"vllm", "static"}
     assert sorted(merged.rate_scale) == [1, 1, 2, 2]
     assert "sweep: 4 jobs" in proc.stdout
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("[") and "/4] #" in line]
+    assert sorted(line.split()[1] for line in lines) == ["#0", "#1", "#2", "#3"]  # one line per job, as it ends
+    assert all(": ok  100/100 done" in line for line in lines), proc.stdout
 
     # the HTML report of that sweep: every plot is a real, non-blank image, embedded in the page
     import matplotlib.image as mpimg
