@@ -49,7 +49,7 @@ def run_identity(cfg: DictConfig) -> tuple[str, str]:
         return experiment or f"{policy}-{trace}", f"{policy}-{trace}"
     plan = read_plan(hc.sweep.dir)
     swept = plan.swept if plan else [o.split("=", 1)[0].lstrip("+~") for o in hc.overrides.task
-                                     if not o.lstrip("+~").startswith(("logger", "hydra."))]
+                                     if not o.lstrip("+~").startswith(("logger", "hydra.", "experiment"))]
     varied = {"policy": {"policy"}, "trace": {"trace", "trace.path", "trace.name"}}
     fixed = [part for key, part in (("policy", policy), ("trace", trace)) if not varied[key] & set(swept)]
     group = experiment or (plan.experiment if plan else None) or "-".join(fixed) or "sweep"
