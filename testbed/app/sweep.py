@@ -4,7 +4,9 @@ Each job writes its own results, so a failed job loses nothing but itself. The c
 records, in each job's folder, why a job failed (`failed.json`: the exception, or the signal
 that killed its process; see `app/isolated.py`), and gathers every job folder, with the
 overrides that made it and its status (ok / failed: why / interrupted / stalled), into
-`sweep_summary.csv` (and `.parquet`) at the sweep's root, and prints the headline columns.
+`sweep_summary.csv` (and `.parquet`) at the sweep's root, and prints the headline columns in one
+table (rich, one format per column, within 120 columns). While the jobs run, the command shows a bar
+across them and one line per job as it ends (`app/sweep_progress.py`); a job prints no table of its own.
 
 Hydra calls `on_multirun_end` only when every job succeeded: when one failed, its sweeper
 raises after the batch has run (and exits 1). So the table is also written when the process
@@ -82,9 +84,12 @@ def job_row(root: Path, job: Path, signum: int | None = None) -> dict:
 
 def _relative(job: Path, root: Path) -> str:
     try:
-        return job.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return job.as_posix()
+        return job.relative_to(root).as_posix()
+    except ValueError:  # (a record's absolute folder, a relative sweep folder)
+        try:
+            return job.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            return job.as_posix()
 
 
 _TRACE_NAME = re.compile(r"^\$\{trace_name:([^,}]+)")
