@@ -30,6 +30,10 @@ def test_wheel_ships_config_groups_profiles_and_traces(tmp_path):
     assert len(needed) > 40
     missing = [str(p.relative_to(ROOT)) for p in needed if p.relative_to(ROOT).as_posix() not in names]
     assert not missing, f"not in {wheel.name}: {missing}"
-    # and no stray top-level package that a user's own folder could shadow or be shadowed by
+    # and no stray top-level package that a user's own folder could shadow or be shadowed by; Hydra's plugin
+    # namespace holds our Ray launcher only, with no __init__.py of its own (which would hide every other plugin)
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
-    assert tops == {"testbed"}, tops
+    assert tops == {"testbed", "hydra_plugins"}, tops
+    plugins = {n.split("/")[1] for n in names if n.startswith("hydra_plugins/")}
+    assert plugins == {"testbed_ray_launcher"}, plugins
+    assert "hydra_plugins/testbed_ray_launcher/ray_launcher.py" in names

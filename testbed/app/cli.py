@@ -39,12 +39,14 @@ def main(cfg: DictConfig) -> dict:
     check_config(cfg)
     check_writable(cfg.output.dir)
     inputs = read_inputs(cfg)  # before the run: the data it reads, not what the file may have become by its end
-    done = _finished_before(cfg, inputs)
-    if done is not None:
-        print(f"skipped: {cfg.output.dir} already holds the results of this exact config and its input files")
-        return done
     from testbed.app.run_setup import in_multirun
 
+    done = _finished_before(cfg, inputs)
+    if done is not None:
+        if in_multirun():  # the sweep's line for this job says so (app/sweep_progress.py)
+            return {**done, "skipped": True}
+        print(f"skipped: {cfg.output.dir} already holds the results of this exact config and its input files")
+        return done
     forget_inputs(cfg.output.dir)
     if in_multirun():  # a sweep job: its work in a child, so that an OS kill ends this job only
         from testbed.app.isolated import run_isolated
@@ -112,11 +114,16 @@ def report_run(cfg: DictConfig, result, out: Path | None, print_table: bool | No
     (`print_table`, None: `output.print_table`)."""
     from testbed.app.results import format_table
 
-    if cfg.logger.name == "wandb" and out is not None:
-        from testbed.app.wandb_log import log_to_wandb
+    from testbed.app.run_setup import in_multirun
 
-        log_to_wandb(cfg, result, out)
-    if cfg.output.print_table if print_table is None else print_table:
+    if cfg.logger.name == "wandb" and out is not None:
+        from testbed.app.wandb_log import log_to_wandb, sync_hint
+
+        run_dir = log_to_wandb(cfg, result, out)
+        if run_dir is not None and not in_multirun():  # (a sweep says it once, for all its jobs)
+            print(sync_hint([run_dir]))
+    # a sweep job's table is its one line (app/sweep_progress.py)
+    if (cfg.output.print_table if print_table is None else print_table) and not in_multirun():
         where = (f"{cfg.hardware.name}, {result.summary.get('cost_model', cfg.cost_model.name)}" if cfg.backend.name == "sim"
                  else f"vLLM {result.summary.get('vllm_version')} ({cfg.backend.scheduler} scheduler) on "
                       f"{result.summary.get('device')}" if cfg.backend.name == "vllm"

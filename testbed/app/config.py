@@ -231,9 +231,9 @@ class OutputConfig:
     dir: str = "${hydra:runtime.output_dir}"
     record_token_times: bool = False  # per-token times in requests.parquet (large)
     write_steps: bool = True  # the per-step time series, steps.parquet
-    print_table: bool = True
+    print_table: bool = True  # a single run's table (a sweep prints one line per job, and its table at the end)
     skip_done: bool = True  # a folder already holding this exact config's results, of the same input files, is not run again
-    progress: Optional[bool] = None  # a progress bar; null: only on a terminal, never in CI or sweep workers
+    progress: Optional[bool] = None  # a run's progress bar; null: only on a terminal, never in CI or sweep workers (a sweep's bar over its jobs: unless false)
 
 
 @dataclass
@@ -241,7 +241,7 @@ class LoggerConfig:
     name: str = "none"  # none or wandb
     project: str = "llm-sched-testbed"
     entity: Optional[str] = None
-    group: Optional[str] = None  # null: the sweep folder's name under a multirun
+    group: Optional[str] = None  # null: the experiment's name, else the policy and trace not swept (wandb_log.run_identity)
     mode: Optional[str] = None  # null: offline unless WANDB_API_KEY is set (or WANDB_MODE)
     max_history_rows: int = bounded(2000, ge=1)
     log_requests_table: bool = True

@@ -4,7 +4,9 @@ Each job writes its own results, so a failed job loses nothing but itself. The c
 records, in each job's folder, why a job failed (`failed.json`: the exception, or the signal
 that killed its process; see `app/isolated.py`), and gathers every job folder, with the
 overrides that made it and its status (ok / failed: why / interrupted / stalled), into
-`sweep_summary.csv` (and `.parquet`) at the sweep's root, and prints the headline columns.
+`sweep_summary.csv` (and `.parquet`) at the sweep's root, and prints the headline columns in one
+table (rich, one format per column, within 120 columns). While the jobs run, the command shows a bar
+across them and one line per job as it ends (`app/sweep_progress.py`); a job prints no table of its own.
 
 Hydra calls `on_multirun_end` only when every job succeeded: when one failed, its sweeper
 raises after the batch has run (and exits 1). So the table is also written when the process
@@ -18,12 +20,15 @@ import atexit
 import contextlib
 import json
 import logging
+import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from testbed.app.results import FAILED, RunNotComplete, arrow_leaves_signals_alone, record_failure, run_status
@@ -47,25 +52,62 @@ def collect(sweep_dir: str | Path) -> pd.DataFrame:
     import pandas as pd
 
     root = Path(sweep_dir)
-    rows = []
     from testbed.app.sweep_signals import stopped
 
     signum = stopped(root)
-    for job in _job_folders(root):
-        status = run_status(job)
-        if status is None:
-            status = (("interrupted" if json.loads((job / "capacity.json").read_text()).get("interrupted") else "ok")
-                      if (job / "capacity.json").exists() else
-                      f"interrupted: not started (the sweep was stopped by {signal_name(signum)})" if signum else
-                      "failed: no results (its process ended early)")
-        overrides = job / ".hydra" / "overrides.yaml"
-        config = job / "config.yaml" if (job / "config.yaml").exists() else job / ".hydra" / "config.yaml"
-        summary = job / "capacity.json" if (job / "capacity.json").exists() else job / "summary.json"
-        rows.append(job_row(job.relative_to(root).as_posix(), status,
-                            yaml.safe_load(overrides.read_text()) or [] if overrides.exists() else None,
-                            yaml.safe_load(config.read_text()) or {} if config.exists() else None,
-                            json.loads(summary.read_text()) if summary.exists() else None))
-    return pd.DataFrame(rows)
+    return pd.DataFrame([folder_row(root, job, signum) for job in _job_folders(root)])
+
+
+def folder_row(root: Path, job: Path, signum: int | None = None) -> dict:
+    """One job folder's row of the table, read from its files (`signum`: the signal that stopped the sweep,
+    if one did)."""
+    status = run_status(job)
+    if status is None:
+        status = (("interrupted" if json.loads((job / "capacity.json").read_text()).get("interrupted") else "ok")
+                  if (job / "capacity.json").exists() else
+                  f"interrupted: not started (the sweep was stopped by {signal_name(signum)})" if signum else
+                  "failed: no results (its process ended early)")
+    overrides = job / ".hydra" / "overrides.yaml"
+    config = job / "config.yaml" if (job / "config.yaml").exists() else job / ".hydra" / "config.yaml"
+    summary = job / "capacity.json" if (job / "capacity.json").exists() else job / "summary.json"
+    return job_row(_relative(job, root), status,
+                   yaml.safe_load(overrides.read_text()) or [] if overrides.exists() else None,
+                   yaml.safe_load(config.read_text()) or {} if config.exists() else None,
+                   json.loads(summary.read_text()) if summary.exists() else None)
+
+
+def _relative(job: Path, root: Path) -> str:
+    try:
+        return job.relative_to(root).as_posix()
+    except ValueError:  # (a record's absolute folder, a relative sweep folder)
+        try:
+            return job.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            return job.as_posix()
+
+
+_TRACE_NAME = re.compile(r"^\$\{trace_name:([^,}]+)")
+
+
+def trace_name(trace: dict) -> str | None:
+    """The trace's name in a job's config. A job that failed before writing its resolved config.yaml left
+    only Hydra's unresolved `.hydra/config.yaml`, whose name is the `${trace_name:<group's name>,${.path},..}`
+    interpolation (conf/trace/*.yaml): resolved here as the run would have (testbed.app.config.trace_name),
+    or, where that fails (the file's own error), the group's configured name."""
+    name = trace.get("name")
+    if not isinstance(name, str) or "${" not in name:
+        return name
+    from omegaconf import OmegaConf
+
+    from testbed.app.config import trace_name as resolve
+
+    if not OmegaConf.has_resolver("trace_name"):
+        OmegaConf.register_new_resolver("trace_name", resolve)
+    try:
+        return str(OmegaConf.create({"trace": trace}).trace.name)
+    except Exception:  # an interpolation this node cannot resolve alone, or the trace's own error
+        match = _TRACE_NAME.match(name)
+        return match.group(1).strip() if match else name
 
 
 def job_row(job: str, status: str, overrides: list[str] | None, config: dict | None, summary: dict | None) -> dict:
@@ -76,7 +118,7 @@ def job_row(job: str, status: str, overrides: list[str] | None, config: dict | N
     if overrides is not None:
         row["overrides"] = " ".join(overrides)
     if config is not None:
-        row.update(policy=config.get("policy", {}).get("name"), trace=config.get("trace", {}).get("name"),
+        row.update(policy=config.get("policy", {}).get("name"), trace=trace_name(config.get("trace", {})),
                    rate_scale=config.get("trace", {}).get("rate_scale"))
     if summary is not None:
         row.update({k: v for k, v in summary.items() if not isinstance(v, (dict, list))})
@@ -115,28 +157,96 @@ def write_sweep_table(sweep_dir: str | Path) -> pd.DataFrame:
     return df
 
 
-def format_sweep(df: pd.DataFrame) -> str:
-    cols = [c for c in HEADLINE if c in df.columns]
-    return df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}")
+# The printed table's columns (the full table is sweep_summary.csv): (summary key, header, format)
+_SHOWN = [("status", "status", None), ("completed", "done", "{:,.0f}"), ("median_ttft_ms", "TTFT p50", "{:,.1f}"),
+          ("p99_ttft_ms", "TTFT p99", "{:,.1f}"), ("p99_tpot_ms", "TPOT p99", "{:,.1f}"),
+          ("p99_e2el_ms", "E2E p99", "{:,.0f}"), ("request_throughput", "req/s", "{:,.2f}"),
+          ("request_goodput", "goodput", "{:,.2f}"), ("slo_attainment", "SLO met", "{:.1%}"),
+          ("max_rate_scale", "max load x", "{:,.3g}"), ("max_request_rate", "max req/s", "{:,.2f}")]
+_CAPTION = "latencies in ms, throughput (req/s) and goodput in requests/s"
+WIDTH = 120  # the printed table's width where the output is not a terminal (a log, CI)
+STATUS_CHARS = 28  # a longer status is cut in the table; the lines below it give it whole
 
 
-# the sweep's reaction to SIGINT and SIGTERM during its launch (here, not in the callback, which Hydra
-# pickles to each job)
+def format_sweep(df: pd.DataFrame, swept: list[str] | None = None, width: int | None = None) -> str:
+    """The sweep's table as printed: the job number, one column per swept key (its values), the status and
+    the headline metrics, each column in one format, within `width` columns (rich)."""
+    import io
+
+    import pandas as pd
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    keys = swept if swept else [k for k in ("policy", "trace", "rate_scale") if k in df.columns]
+    rows = df.assign(_num=[_job_number(j) for j in df["job"]]).sort_values(["_num", "job"], kind="stable")
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True,
+                  caption=_CAPTION if "median_ttft_ms" in rows.columns else None, caption_justify="left")
+    table.add_column("#", justify="right")
+    for key in keys:
+        table.add_column(key.rsplit(".", 1)[-1], overflow="ellipsis", max_width=24)
+    shown = [(k, h, f) for k, h, f in _SHOWN if k in rows.columns and rows[k].notna().any()]
+    for key, header, fmt in shown:
+        table.add_column(header, justify="left" if fmt is None else "right", overflow="ellipsis",
+                         max_width=STATUS_CHARS if fmt is None else None, no_wrap=True)
+    for _, row in rows.iterrows():
+        values = _override_values(row.get("overrides"))
+        cells = [str(row["_num"]) if row["_num"] >= 0 else row["job"]]
+        cells += [values.get(k, "" if pd.isna(row.get(k)) else str(row.get(k))) for k in keys]
+        for key, _, fmt in shown:
+            v = row.get(key)
+            cells.append("" if v is None or (not isinstance(v, str) and pd.isna(v)) else
+                         " ".join(str(v).split()) if fmt is None else fmt.format(v))  # (one line per row)
+        table.add_row(*cells)
+    out = io.StringIO()
+    Console(file=out, width=width or WIDTH, color_system=None, highlight=False, soft_wrap=False).print(table)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines()).strip("\n")
+
+
+def _job_number(job: str) -> int:
+    match = re.match(r"(\d+)(?:_|$)", str(job))
+    return int(match.group(1)) if match else -1
+
+
+def _override_values(overrides) -> dict[str, str]:
+    """key -> value of a job's overrides ("policy=vllm trace.rate_scale=2")."""
+    if not isinstance(overrides, str):
+        return {}
+    return {k.lstrip("+~"): v for k, _, v in (o.partition("=") for o in overrides.split(" ")) if k}
+
+
+# the sweep's reaction to SIGINT and SIGTERM during its launch, and its progress (here, not in the callback,
+# which Hydra pickles to each job)
 _SIGNALS = contextlib.ExitStack()
+_WATCH: list = []  # the command's sweep_progress.Watch while the sweep runs
+
+
+def _describe(job: Path) -> tuple[str, dict]:
+    """A finished job's status and summary, as its row of the table has them."""
+    row = folder_row(job.parent, job)
+    return row["status"], row
 
 
 class MergeSweepTable(Callback):
     def __init__(self) -> None:
         self._pending: Path | None = None  # the sweep whose table is still to be written
+        self._swept: list[str] | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from testbed.app.sweep_progress import Watch, plan_sweep, write_plan
         from testbed.app.sweep_signals import sweeping
 
         self._pending = Path(config.hydra.sweep.dir)
+        plan = plan_sweep(list(config.hydra.overrides.task), config.hydra.sweeper.get("params"),
+                          str(config.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper"),
+                          config.hydra.runtime.choices.get("experiment"))
+        self._swept = plan.swept
+        write_plan(self._pending, plan)
         _SIGNALS.enter_context(sweeping(self._pending))
         import pandas  # noqa: F401  (now: the table written at exit cannot import it then, whose
         # import registers an atexit hook of its own, refused once the interpreter is shutting down)
 
+        _WATCH.append(Watch(self._pending, plan, _describe, bar=config.output.get("progress") is not False))
         atexit.register(self._write_table)  # the sweep ended early: a job failed, or Ctrl-C
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
@@ -145,6 +255,8 @@ class MergeSweepTable(Callback):
 
     def _write_table(self) -> None:
         _SIGNALS.close()
+        while _WATCH:
+            _WATCH.pop().close()
         sweep_dir, self._pending = self._pending, None
         if sweep_dir is None:
             return
@@ -153,12 +265,24 @@ class MergeSweepTable(Callback):
             return
         bad = df[df.status != "ok"]
         print(f"\nsweep: {len(df)} jobs" + (f", {len(bad)} not ok" if len(bad) else "") +
-              f" -> {sweep_dir / 'sweep_summary.csv'}")
-        print(format_sweep(df))
+              f" -> {sweep_dir / 'sweep_summary.csv'} (every column; .parquet alike)")
+        print(format_sweep(df, self._swept))
         for _, row in bad.iterrows():
             print(f"job {row.job} ({row.get('overrides', '')}): {row.status}")
+        from testbed.app.wandb_log import offline_runs, sync_hint
+
+        runs = offline_runs(sweep_dir)
+        if runs:
+            print(sync_hint(runs, sweep_dir))
+        sys.stdout.flush()
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
         error = job_return._return_value  # `return_value` re-raises a failed job's exception
         if job_return.status == JobStatus.FAILED and not isinstance(error, RunNotComplete):
             record_failure(config.output.dir, f"{type(error).__name__}: {error}")
+        if config.hydra.mode == RunMode.MULTIRUN:  # the command's progress: this job has ended
+            from testbed.app.sweep_progress import record_job_end
+
+            skipped = isinstance(error, dict) and bool(error.get("skipped"))
+            record_job_end(config.hydra.sweep.dir, config.hydra.job.num, config.output.dir,
+                           list(config.hydra.overrides.task), skipped)
