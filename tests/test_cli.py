@@ -74,7 +74,7 @@ def test_small_multirun(tmp_path):
     import matplotlib.image as mpimg
     import numpy as np
 
-    from testbed.app.report import build_report
+    from testbed.app.reports.report import build_report
 
     page = build_report(tmp_path / "sweep")
     pngs = sorted((tmp_path / "sweep" / "report_figures").glob("*.png"))
@@ -89,8 +89,8 @@ def test_small_multirun(tmp_path):
 def test_fast_forward_changes_nothing(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from testbed.app.cli import CONF_DIR
-    from testbed.app.run import simulate
+    from testbed.app.entry.cli import CONF_DIR
+    from testbed.app.assembly.run import simulate
 
     results = {}
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
@@ -110,8 +110,8 @@ def test_fast_forward_changes_nothing(tmp_path):
 def test_lenient_rejected_rows_are_accounted(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from testbed.app.cli import CONF_DIR
-    from testbed.app.run import simulate
+    from testbed.app.entry.cli import CONF_DIR
+    from testbed.app.assembly.run import simulate
 
     f = tmp_path / "t.csv"
     f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.0000000,100,5\n"
@@ -174,7 +174,7 @@ def test_ray_launcher_on_a_local_instance(tmp_path):
 
 
 def test_report_series_separate_swept_knobs():
-    from testbed.app.report import _series
+    from testbed.app.reports.report import _series
 
     assert _series("+experiment=x policy=edf trace=azure_conv trace.rate_scale=2", "edf") == "edf"
     assert _series("policy.token_budget=128 trace.rate_scale=1", "sarathi") == "sarathi policy.token_budget=128"
