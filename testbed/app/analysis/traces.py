@@ -16,6 +16,7 @@ figures), `arrival_rate.png` (requests per second in each window over time) and 
 """
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -192,22 +193,31 @@ def describe(cfg: DictConfig) -> dict:
 
 
 COMMANDS = {"describe": describe}
-USAGE = (f"usage: testbed-traces {{{','.join(COMMANDS)}}} [key=value ...]\n"
-         "  describe: a trace's rows, rate and burstiness, lengths, prefix reuse and sessions, with plots,\n"
-         "            as a run with the same trace config would replay it (e.g. describe trace=azure_conv)")
+HELP = {"describe": "a trace's rows, rate and burstiness, lengths, prefix reuse and sessions, with plots, as a run "
+                    "with the same trace config would replay it (e.g. describe trace=azure_conv)"}
+
+
+def parser() -> argparse.ArgumentParser:
+    """The subcommands; what follows one is Hydra's (overrides, -m, --help, --cfg ...), passed on verbatim."""
+    top = argparse.ArgumentParser(prog="testbed-traces", description="A trace, as a run would replay it.")
+    sub = top.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    for name in COMMANDS:
+        cmd = sub.add_parser(name, help=HELP[name], description=HELP[name], add_help=False)  # --help: Hydra's
+        cmd.add_argument("overrides", nargs="*", metavar="key=value")
+    return top
 
 
 def main() -> None:
     args = sys.argv[1:]
-    if not args or args[0] not in COMMANDS:
-        print(USAGE, file=sys.stdout if args[:1] in (["-h"], ["--help"]) else sys.stderr)
-        sys.exit(0 if args[:1] in (["-h"], ["--help"]) else 2)
-    rest = args[1:]
+    # a `--` after the subcommand keeps what follows it in order, options included: argparse's REMAINDER
+    # drops a leading option such as Hydra's `-m` (cpython issue #61252)
+    parsed = parser().parse_args([args[0], "--", *args[1:]] if args and not args[0].startswith("-") else args)
+    rest = parsed.overrides[1:] if parsed.overrides[:1] == ["--"] else parsed.overrides
     if not any(a.startswith("hydra.run.dir=") for a in rest):
         rest = [*rest, RUN_DIR]  # named after the command, not after the default policy a run would use
     rest.append("~hydra.callbacks.merge_sweep")  # a sweep of descriptions has no run summaries to merge
     sys.argv = [sys.argv[0], *rest]
-    COMMANDS[args[0]]()
+    COMMANDS[parsed.command]()
 
 
 if __name__ == "__main__":
