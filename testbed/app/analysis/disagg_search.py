@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from testbed.app.entry.cli import CONF_DIR
 from testbed.app.assembly.config import register_configs
 from testbed.app.assembly.validate import check_config
+from testbed.app.analysis.tables import markdown_table
 
 log = logging.getLogger("testbed")
 register_configs()
@@ -133,13 +134,14 @@ def main(cfg: DictConfig) -> dict:
 
 def search_table(result: dict) -> str:
     lines = [f"Max load meeting {result['slo']} for {result['attainment_target']:.0%} of requests, "
-             f"{result['total_replicas']} replicas ({result['model']}, {result['trace']}):", "",
-             "| layout | max rate_scale | max request rate (req/s) | goodput there (req/s) |", "|---|---|---|---|"]
+             f"{result['total_replicas']} replicas ({result['model']}, {result['trace']}):", ""]
+    rows = []
     for a in result["layouts"]:
         scale = a["max_rate_scale"]
         more = "" if a["bracketed"] else " (or more)"
-        lines.append(f"| {a['layout']} | {scale:.3g}{more} | {a['max_request_rate']:.2f} | {a['goodput_at_max']:.2f} |"
-                     if scale else f"| {a['layout']} | none met it | - | - |")
+        rows.append((a["layout"], f"{scale:.3g}{more}", f"{a['max_request_rate']:.2f}", f"{a['goodput_at_max']:.2f}")
+                    if scale else (a["layout"], "none met it", "-", "-"))
+    lines.append(markdown_table(["layout", "max rate_scale", "max request rate (req/s)", "goodput there (req/s)"], rows))
     lines += ["", f"best prefill:decode split: {result['best_split'] or 'none met the target'}"]
     if result.get("interrupted"):
         lines += ["", f"interrupted: {len(result['layouts'])} of the layouts searched (the last one perhaps in part)"]

@@ -54,6 +54,7 @@ from testbed.app.assembly.frontend import without_frontend
 from testbed.app.assembly.run_setup import RunResult, finish, model_preset, prepare, resolve_model_spec
 from testbed.app.assembly.run import run_info, simulate
 from testbed.app.assembly.validate import check_config
+from testbed.app.analysis.tables import markdown_table
 
 log = logging.getLogger("testbed.app.analysis.fidelity")
 
@@ -386,44 +387,36 @@ def markdown(res: FidelityResult, cfg: DictConfig) -> str:
               f"{res.sim.summary['num_steps']} simulated steps.", ""]
     if n > 1:
         lines += [f"real: the mean of {n} real replays; real spread: (max - min) / mean over them; max dev: the "
-                  "largest deviation of one real run from their mean; sim error: (sim - real mean) / real mean.", "",
-                  "| metric | real (mean) | real min | real max | real spread | max dev | sim | sim error |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "largest deviation of one real run from their mean; sim error: (sim - real mean) / real mean.", ""]
+        head = ["metric", "real (mean)", "real min", "real max", "real spread", "max dev", "sim", "sim error"]
     else:
-        lines += ["| metric | real | sim | rel. error |", "|---|---:|---:|---:|"]
+        head = ["metric", "real", "sim", "rel. error"]
     pct = lambda x, sign="+": "-" if not np.isfinite(x) else f"{x:{sign}.1%}"  # noqa: E731
-    for r in res.table.itertuples():
-        if n > 1:
-            lines.append(f"| {r.metric} | {_fmt(r.real)} | {_fmt(r.real_min)} | {_fmt(r.real_max)} | "
-                         f"{pct(r.real_spread, '')} | {pct(r.real_max_dev, '')} | {_fmt(r.sim)} | {pct(r.rel_error)} |")
-        else:
-            lines.append(f"| {r.metric} | {_fmt(r.real)} | {_fmt(r.sim)} | {pct(r.rel_error)} |")
+    rows = [(r.metric, _fmt(r.real), _fmt(r.real_min), _fmt(r.real_max), pct(r.real_spread, ""), pct(r.real_max_dev, ""),
+             _fmt(r.sim), pct(r.rel_error)) if n > 1 else (r.metric, _fmt(r.real), _fmt(r.sim), pct(r.rel_error))
+            for r in res.table.itertuples()]
+    lines.append(markdown_table(head, rows, ["left"] + ["right"] * (len(head) - 1)))
     e = res.step_error
     if e.get("steps"):
         it = e["iteration"]
         over = f"the {n} real runs' {e['steps']} steps" if n > 1 else f"the real run's {e['steps']} steps"
-        lines += ["", f"Per-step error of the cost model on {over} (prediction for each "
-                      f"real batch's shape vs its measured time):", "",
-                  "| steps | count | median APE | p95 APE | total bias |", "|---|---:|---:|---:|---:|",
-                  f"| whole iteration | {e['steps']} | {it['median_ape']:.1%} | "
-                  f"{it['p95_ape']:.1%} | {it['total_bias']:+.1%} |"]
+        errs = lambda label, v: (label, v["steps"], f"{v['median_ape']:.1%}", f"{v['p95_ape']:.1%}",  # noqa: E731
+                                 f"{v['total_bias']:+.1%}")
+        rows = [errs("whole iteration", it | {"steps": e["steps"]})]
         if "execute" in e:
-            x = e["execute"]
             part = ("vLLM's step only (schedule() to return; same prediction)" if s.get("backend") == "vllm"
                     else "execute() only (engine part of the model)")
-            lines.append(f"| {part} | {e['steps']} | {x['median_ape']:.1%} | "
-                         f"{x['p95_ape']:.1%} | {x['total_bias']:+.1%} |")
-        for k, v in e["by_kind"].items():
-            lines.append(f"| {k} steps, whole iteration | {v['steps']} | {v['median_ape']:.1%} | {v['p95_ape']:.1%} | "
-                         f"{v['total_bias']:+.1%} |")
+            rows.append(errs(part, e["execute"] | {"steps": e["steps"]}))
+        rows += [errs(f"{k} steps, whole iteration", v) for k, v in e["by_kind"].items()]
         if "uncontended" in e:
-            v = e["uncontended"]
-            lines.append(f"| steps no other process disturbed (wall <= 1.1 x CPU) | {v['steps']} | "
-                         f"{v['median_ape']:.1%} | {v['p95_ape']:.1%} | {v['total_bias']:+.1%} |")
+            rows.append(errs("steps no other process disturbed (wall <= 1.1 x CPU)", e["uncontended"]))
         for i, v in e.get("by_repeat", {}).items():
             share = f", {v['cpu_share']:.0%} of the core" if "cpu_share" in v else ""
-            lines.append(f"| real run {i}, whole iteration{share} | {v['steps']} | {v['median_ape']:.1%} | "
-                         f"{v['p95_ape']:.1%} | {v['total_bias']:+.1%} |")
+            rows.append(errs(f"real run {i}, whole iteration{share}", v))
+        lines += ["", f"Per-step error of the cost model on {over} (prediction for each "
+                      f"real batch's shape vs its measured time):", "",
+                  markdown_table(["steps", "count", "median APE", "p95 APE", "total bias"], rows,
+                                 ["left", "right", "right", "right", "right"])]
         if "cpu_share" in e:
             lines += ["", f"Over the real runs' busy time the replay thread had {e['cpu_share']:.0%} of a core "
                           f"(CPU seconds / wall seconds); {e['contended_steps']} of {e['steps']} steps lost it to "

@@ -52,6 +52,7 @@ from testbed.vllm_backend.native_sim import NATIVE_POLICY
 from testbed.core.kv import BlockManager
 from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
 from testbed.core.request import Request, Status
+from testbed.app.analysis.tables import markdown_table
 
 log = logging.getLogger("testbed.app.analysis.referee")
 
@@ -296,9 +297,9 @@ def markdown(rep: dict) -> str:
         lines += ["Every step identical.", ""]
     else:
         lines += [f"First divergent step: {first['step']} (t = {first['start_s']:.4f} s)", "",
-                  "| request | vLLM tokens | ours | vLLM preempted | ours preempted |", "|---|---|---|---|---|"]
-        lines += [f"| {r['request']} | {r['vllm_tokens']} | {r['ours_tokens']} | {r['vllm_preempted']} | "
-                  f"{r['ours_preempted']} |" for r in first["requests"]]
+                  markdown_table(["request", "vLLM tokens", "ours", "vLLM preempted", "ours preempted"],
+                                 [(r["request"], r["vllm_tokens"], r["ours_tokens"], r["vllm_preempted"],
+                                   r["ours_preempted"]) for r in first["requests"]])]
         lines.append("")
     e = rep.get("engine")
     if e:
@@ -309,10 +310,9 @@ def markdown(rep: dict) -> str:
                                                  if e["first_token_mismatch"] else ""), ""]
     if rep.get("reference") == NATIVE_POLICY and first is not None:
         lines += ["The first divergent steps are in divergent_steps.csv (a whole trace's steps are not kept).", ""]
-    lines += ["| metric | vLLM | ours (lockstep) | diff |", "|---|---|---|---|"]
-    for k, m in rep["metrics"].items():
-        fmt = (lambda x: "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x))
-        lines.append(f"| {k} | {fmt(m['vllm'])} | {fmt(m['ours'])} | {fmt(m['diff'])} |")
+    fmt = (lambda x: "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x))  # noqa: E731
+    lines.append(markdown_table(["metric", "vLLM", "ours (lockstep)", "diff"],
+                                [(k, fmt(m["vllm"]), fmt(m["ours"]), fmt(m["diff"])) for k, m in rep["metrics"].items()]))
     return "\n".join(lines) + "\n"
 
 

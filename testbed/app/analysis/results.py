@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from testbed.core.loop import StepSeries
+from testbed.app.analysis.tables import text_table
 
 if TYPE_CHECKING:  # imported where tables are built: a rerun's skip check and the CLI's table need no pandas
     import pandas as pd
@@ -176,5 +177,4 @@ def format_table(summary: dict) -> str:
     rows.append((f"SLO {summary['slo']}", f"goodput {summary['request_goodput']:.2f} req/s, attainment "
                                           f"{summary['slo_attainment']:.1%}, p{summary.get('slo_percentile', 99):g} "
                                           f"check: {verdict}"))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    return text_table(rows)

@@ -29,6 +29,7 @@ from testbed.app.entry.cli import CONF_DIR
 from testbed.app.assembly.config import register_configs
 from testbed.app.entry.stop import stop_on_signals
 from testbed.app.assembly.validate import check_config
+from testbed.app.analysis.tables import markdown_table, text_table
 
 register_configs()
 
@@ -64,8 +65,7 @@ def describe_config(cfg: DictConfig) -> dict:
         (out / "description.md").write_text(markdown(description, rows))
     if cfg.output.print_table:
         print(f"\n{title(description)}")
-        width = max(len(k) for k, _ in rows)
-        print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+        print(text_table(rows))
         print(f"written: {', '.join(str(out / f) for f in FILES)}")
     return description
 
@@ -127,8 +127,7 @@ def table_rows(d: dict) -> list[tuple[str, str]]:
 
 
 def markdown(d: dict, rows: list[tuple[str, str]]) -> str:
-    lines = [f"# {title(d)}", "", "| | |", "|---|---|"]
-    lines += [f"| {k.strip()} | {v.replace('|', '/')} |" for k, v in rows]
+    lines = [f"# {title(d)}", "", markdown_table(["", ""], [(k.strip(), v.replace("|", "/")) for k, v in rows])]
     lines += ["", "![arrival rate](arrival_rate.png)", "", "![lengths](lengths.png)", ""]
     return "\n".join(lines)
 

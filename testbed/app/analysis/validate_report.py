@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from testbed.app.analysis.validate_replay import FIT_METRICS, ITL, LABELS, METRICS, TAILS, StageResult, median_abs_errors, scored
+from testbed.app.analysis.tables import markdown_table
 
 
 def results_frame(results: list[StageResult]) -> pd.DataFrame:
@@ -82,14 +83,14 @@ def _table(df: pd.DataFrame, metrics: tuple[str, ...], fmt=_ms, stage_cols: bool
     head = ["run"] + (["stage", "rate"] if stage_cols else [])
     for m in metrics:
         head += [f"real {LABELS[m]} ms", "sim", "err"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for _, r in df.iterrows():
         note = " (overloaded" + (", sim too)" if r["sim_overloaded"] else ", sim not)") if r["overloaded"] else ""
         cells = [f"{r['run']}{note}"] + ([str(r["stage"]), f"{r['rate']:g}"] if stage_cols else [])
         for m in metrics:
             cells += [fmt(r[f"real_{m}_ms"]), fmt(r[f"sim_{m}_ms"]), _pct(r[f"{m}_error"])]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    return [markdown_table(head, rows)]
 
 
 def markdown(df: pd.DataFrame, whole: pd.DataFrame, report: dict) -> str:
@@ -113,28 +114,25 @@ def markdown(df: pd.DataFrame, whole: pd.DataFrame, report: dict) -> str:
         lines += _table(whole, ("ttft", "ttft_p99", "e2e", "e2e_p99", "itl"), fmt=_ms3, stage_cols=False)
     if report.get("whole_runs_missing"):
         lines += ["", "not available (no summary_lifecycle_metrics.json): " + ", ".join(report["whole_runs_missing"])]
-    lines += ["", "### Median absolute error", "",
-              "| over | n | " + " | ".join(LABELS[m] for m in METRICS) + " |", "|" + "---|" * (len(METRICS) + 2)]
+    lines += ["", "### Median absolute error", ""]
     which = "leave-one-model-out " if "leave_one_model_out_median_abs_error" in report else ""
     rows = [(f"{which}scored stages", report["scored_stages"], report["median_abs_error"]),
             ("whole runs (not overloaded)", report["whole_runs_scored"], report["whole_run_median_abs_error"])]
     if "in_sample_median_abs_error" in report:
         rows.append(("in-sample stages (fitted on all models)", report["scored_stages"],
                      report["in_sample_median_abs_error"]))
-    for name, n, med in rows:
-        lines.append(f"| {name} | {n} | " + " | ".join(_abs(med.get(m)) for m in METRICS) + " |")
+    lines.append(markdown_table(["over", "n", *(LABELS[m] for m in METRICS)],
+                                [(name, n, *(_abs(med.get(m)) for m in METRICS)) for name, n, med in rows]))
     lines += ["", f"{which}median absolute error over {report['scored_stages']} scored stages "
               f"({report['overloaded_stages']} overloaded, not scored): "
               + ", ".join(f"{LABELS[m]} {_abs(report['median_abs_error'][m])}" for m in FIT_METRICS + ("e2e_p99",))]
     bm = report["by_model"]
+    rows = [(model, *(_abs(med[m]) for m in METRICS)) for model, med in bm["per_model"].items()]
+    rows.append(("**median of models**", *(_abs(bm["median_of_models"][m]) for m in METRICS)))
+    rows.append(("**worst model**", *(f"{_abs(w['error'])} ({w['model']})" if w["model"] else "n/a"
+                                      for w in (bm["worst_model"][m] for m in METRICS))))
     lines += ["", f"### By model ({which}median |error| of each model's scored stages)", "",
-              "| model | " + " | ".join(LABELS[m] for m in METRICS) + " |", "|" + "---|" * (len(METRICS) + 1)]
-    for model, med in bm["per_model"].items():
-        lines.append(f"| {model} | " + " | ".join(_abs(med[m]) for m in METRICS) + " |")
-    lines.append("| **median of models** | " + " | ".join(_abs(bm["median_of_models"][m]) for m in METRICS) + " |")
-    lines.append("| **worst model** | " + " | ".join(
-        f"{_abs(w['error'])} ({w['model']})" if w["model"] else "n/a"
-        for w in (bm["worst_model"][m] for m in METRICS)) + " |")
+              markdown_table(["model", *(LABELS[m] for m in METRICS)], rows)]
     if "fitted_on_all_models" in report:
         lines += ["", "fitted on all models: " + ", ".join(f"{k}={v:.4g}" for k, v in report["fitted_on_all_models"].items())]
         for model, values in report.get("fitted_without_model", {}).items():

@@ -32,6 +32,7 @@ from testbed.core.kv import BlockManager
 from testbed.core.request import Request, RequestState
 from testbed.app.profiling.plain_llama import PlainLlama
 from testbed.app.assembly.run_setup import resolve_model_spec
+from testbed.app.analysis.tables import markdown_table
 
 
 def _states(kv: BlockManager, n: int, context: int, first_id: int = 0) -> list[RequestState]:
@@ -133,10 +134,10 @@ def main() -> None:
               f"transformers {transformers.__version__}; engine decode steps: {engine_graphs}")
     fmt = lambda t: "" if t is None else (f"{t * 1e3:.2f} ms" if t < 1 else f"{t:.2f} s")  # noqa: E731
     lines = [header] + ([plain_note] if plain_note else []) + [""]
-    lines += ["| measurement | engine | of which host input preparation | plain torch | engine / plain |",
-              "|---|---|---|---|---|"]
-    lines += [f"| {name} | {fmt(t)} | {fmt(prep)} | {fmt(plain_t)} | "
-              + (f"{t / plain_t:.2f}x |" if plain_t else " |") for name, t, prep, plain_t in rows]
+    lines.append(markdown_table(["measurement", "engine", "of which host input preparation", "plain torch",
+                                 "engine / plain"],
+                                [(name, fmt(t), fmt(prep), fmt(plain_t), f"{t / plain_t:.2f}x" if plain_t else "")
+                                 for name, t, prep, plain_t in rows]))
     text = "\n".join(lines)
     print(text)
     if args.out:
