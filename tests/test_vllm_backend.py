@@ -17,7 +17,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from testbed.app.entry.cli import CONF_DIR
-from testbed.app.entry.cli import run
+from testbed.app.assembly.backends import run
 from testbed.app.assembly.validate import ConfigError, check_config
 from testbed.vllm_backend import VLLMUnavailable, check_version, parse_version
 

@@ -11,7 +11,6 @@ import logging
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Callable
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -60,26 +59,11 @@ def main(cfg: DictConfig) -> dict:
     return _verdict(cfg, summary, signum)
 
 
-def run(cfg: DictConfig, stop: Callable[[], bool] | None = None):
-    """The run on `backend.name`'s backend (a RunResult). Here, above the backends, so that the simulator's
-    module (testbed.app.assembly.run) never imports the vLLM replay, which builds on it."""
-    from testbed.app.assembly.run import replay_on_engine, simulate
-
-    if cfg.backend.name == "sim":
-        return simulate(cfg, stop)
-    if cfg.backend.name == "engine":
-        return replay_on_engine(cfg, stop)
-    if cfg.backend.name == "vllm":
-        from testbed.app.assembly.vllm_run import replay_on_vllm
-
-        return replay_on_vllm(cfg, stop)
-    raise ValueError(f"backend.name={cfg.backend.name!r}: expected sim, engine or vllm")
-
-
 def _run_and_write(cfg: DictConfig) -> tuple[dict, int | None]:
     """Run, write the results, print the table: the summary, and the signal that stopped the
     run early (SIGINT/SIGTERM: the step under way finishes, the finished requests are written)."""
     from testbed.app.analysis.results import format_table, write_results
+    from testbed.app.assembly.backends import run
     from testbed.app.assembly.run import run_info
 
     with stop_on_signals() as stop:
