@@ -7,6 +7,9 @@ the run's own composition, applying the one override Hydra adds in between (`hyd
 the config names no mode) with Hydra's own override code, so the run gets the config it would
 have composed. Anything else (a sweep on the command line, `--multirun`, a config that fails to
 compose) takes Hydra's own path unchanged, so its messages are Hydra's.
+
+Measured (issue 26), `testbed-sim trace.max_requests=100` with and without `install()`, ten runs of
+each, alternating: median CPU time 2.14 s with it, 2.57 s without; median wall 3.41 s and 4.24 s.
 """
 from __future__ import annotations
 
