@@ -1,5 +1,5 @@
 import sys
 
-from testbed.app.commands import sim
+from testbed.app.entry.commands import sim
 
 sys.exit(sim())

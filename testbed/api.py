@@ -4,8 +4,8 @@ Why a door of its own: composing a config with `hydra.compose` and calling the s
 skipped the checks the command line makes (`+scheduler.max_num_seq=10` ran silently with 256
 sequences), and left the caller to read parquet files back. Here a run takes the command line's
 override strings, is composed from the same config groups and checked by the same function
-(`testbed.app.validate.check_config`), runs through the same path as `testbed-sim`
-(`testbed.app.cli.run_job`, which sets the summary's policy config too) and writes the same files
+(`testbed.app.assembly.validate.check_config`), runs through the same path as `testbed-sim`
+(`testbed.app.entry.cli.run_job`, which sets the summary's policy config too) and writes the same files
 (only where asked), so a run in a notebook and on the command line give one summary.
 
     import testbed
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from testbed.app.cli import CONF_DIR, incomplete, report_run, run_job, write_run
-from testbed.app.validate import ConfigError, check_config
+from testbed.app.entry.cli import CONF_DIR, incomplete, report_run, run_job, write_run
+from testbed.app.assembly.validate import ConfigError, check_config
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["ConfigError", "Results", "load", "simulate", "sweep"]
 
 _DIR_OVERRIDE = "output.dir="
-_JOB_NAME = "cli"  # hydra.job.name of a `testbed-sim` run (Hydra names it after testbed/app/cli.py)
+_JOB_NAME = "cli"  # hydra.job.name of a `testbed-sim` run (Hydra names it after testbed/app/entry/cli.py)
 
 
 @dataclass(repr=False)
@@ -49,7 +49,7 @@ class Results:
     Attributes:
         requests: One row per trace row (`requests.parquet`): outcome, reason, latencies.
         steps: One row per engine step or decode run (`steps.parquet`); empty where none was recorded.
-        replicas: One row per replica, computed from the two tables (`testbed.app.replica_table`).
+        replicas: One row per replica, computed from the two tables (`testbed.app.analysis.replica_table`).
         summary: The run's metrics, as in `summary.json` (non-finite values are None there and here).
         config: The resolved config the run used (`config.yaml`).
         output_dir: The folder the files were written to, or None where nothing was written.
@@ -154,8 +154,8 @@ def sweep(grid: dict[str, list], *, overrides: list[str] | None = None, output_d
     """
     import pandas as pd
 
-    from testbed.app.stop import signal_name, stop_on_signals
-    from testbed.app.sweep import job_row, write_sweep_table
+    from testbed.app.entry.stop import signal_name, stop_on_signals
+    from testbed.app.reports.sweep import job_row, write_sweep_table
 
     grid, shared = _grid_lists(grid), _override_list(overrides, "overrides")
     keys = list(grid)
@@ -217,8 +217,8 @@ def load(path: str | Path) -> Results | pd.DataFrame:
     """
     import pandas as pd
 
-    from testbed.app.replica_table import replica_table
-    from testbed.app.sweep import collect
+    from testbed.app.analysis.replica_table import replica_table
+    from testbed.app.reports.sweep import collect
 
     folder = Path(path)
     if (folder / "summary.json").is_file():
@@ -299,10 +299,10 @@ def as_hydra_job(full: DictConfig, output_dir: str | Path | None, overrides: Seq
 def _run(full: DictConfig, cfg: DictConfig, quiet: bool) -> Results:
     """Check, run, write (where `output.dir` is set) and gather one run: `testbed-sim`'s main, without
     its rerun skip (a call always runs) and with the results kept in memory."""
-    from testbed.app.inputs import forget_inputs, read_inputs, write_inputs
-    from testbed.app.replica_table import replica_table
-    from testbed.app.results import check_writable, summary_json
-    from testbed.app.stop import stop_on_signals
+    from testbed.app.assembly.inputs import forget_inputs, read_inputs, write_inputs
+    from testbed.app.analysis.replica_table import replica_table
+    from testbed.app.analysis.results import check_writable, summary_json
+    from testbed.app.entry.stop import stop_on_signals
 
     check_config(cfg)
     out = None if OmegaConf.is_missing(cfg.output, "dir") else Path(cfg.output.dir)
@@ -344,7 +344,7 @@ def _write_hydra_files(full: DictConfig, cfg: DictConfig, out: Path) -> None:
 def _sweep_job(full: DictConfig, overrides: list[str], job_dir: Path | None) -> tuple[str, dict | None, dict | None]:
     """One sweep job: (status, the little of its config the table shows, its summary or None). A failure is
     its row's status, and `failed.json` in its folder, as a command line sweep records it."""
-    from testbed.app.results import record_failure
+    from testbed.app.analysis.results import record_failure
 
     with as_hydra_job(full, job_dir, overrides) as cfg:
         config = {"policy": {"name": cfg.policy.name}, "trace": {"name": cfg.trace.name,

@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import testbed
-from testbed.app import cli
+from testbed.app.entry import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["trace.max_requests=120", "policy=sarathi", "backend.replicas=2"]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import FixedCost, make_loop, make_requests
-from testbed.app.metrics import request_table
+from testbed.app.analysis.metrics import request_table
 from testbed.policies import make_policy
 from testbed.sim.simulation import Simulation
 

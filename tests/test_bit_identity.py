@@ -1,7 +1,7 @@
-"""Speed work must not move a result: every configuration of `testbed.app.fingerprint.identity_configs`,
+"""Speed work must not move a result: every configuration of `testbed.app.analysis.fingerprint.identity_configs`,
 cut to 300 requests, gives the summary, per-request and per-step hashes recorded before the issue-15
 speed work (tests/data/bit_identity_300.json: commit cfdf3f3, the simulator before that work, with one
-change, the ITL mean and std summed over the sorted gaps, decided once in testbed/app/metrics.py `_stats`). A change that is meant to move a
+change, the ITL mean and std summed over the sorted gaps, decided once in testbed/app/analysis/metrics.py `_stats`). A change that is meant to move a
 result re-records the file and says why in its commit. The whole traces: experiments/benchmarks/bit_identity.py."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from testbed.app.cli import CONF_DIR
-from testbed.app.fingerprint import coalesced_steps, identity_configs, result_hashes
-from testbed.app.run import simulate
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.analysis.fingerprint import coalesced_steps, identity_configs, result_hashes
+from testbed.app.assembly.run import simulate
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "bit_identity_300.json").read_text())
 _WORKDIR = tempfile.TemporaryDirectory(prefix="bit_identity_")  # the sessions trace, for the module's life

@@ -21,7 +21,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
-from testbed.app.cli import CONF_DIR
+from testbed.app.entry.cli import CONF_DIR
 from testbed.core.cost import BatchShape
 from testbed.sim.fitted_cost import ProfileCostModel, read_profile
 
@@ -40,6 +40,13 @@ SMALL_GRID = dict(grid="quick", repeats=3, warmup=1, threads=1, retries=1, prefi
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+def cell(text: str, table: str) -> bool:
+    """`text` is a whole cell of a Markdown table in `table`, whatever its padding."""
+    import re
+
+    return re.search(r"\|\s*" + re.escape(text) + r"\s*\|", table) is not None
+
+
 def config(*overrides, profile: dict | None = None):
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=list(overrides))
@@ -51,7 +58,7 @@ def config(*overrides, profile: dict | None = None):
 
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
-    from testbed.app.profile import run_profile
+    from testbed.app.profiling.profile import run_profile
 
     path = tmp_path_factory.mktemp("profile") / "tiny.csv"
     cfg = config(*TINY, profile=SMALL_GRID)
@@ -130,7 +137,7 @@ def test_shipped_profile_fits_within_bounds():
 
 
 def test_simulator_uses_the_profile_and_says_so():
-    from testbed.app.run import simulate
+    from testbed.app.assembly.run import simulate
 
     r = simulate(config(*TINY, "cost_model=profile", *TRACE))
     assert r.summary["cost_model"] == "profile:cpu_tiny_llama.csv" and r.summary["completed"] == 100
@@ -155,9 +162,9 @@ def replay_on_the_cost_clock(cfg):
     arrivals delivered when the clock passes them), on a clock that moves only by the cost model's
     time for each step it runs and by the waits for arrivals: what the simulator does with the same
     cost model, and so nothing in it depends on how fast this machine is or how busy."""
-    from testbed.app.fidelity import _with
-    from testbed.app.frontend import without_frontend
-    from testbed.app.run_setup import finish, prepare, resolve_model_spec
+    from testbed.app.analysis.fidelity import _with
+    from testbed.app.assembly.frontend import without_frontend
+    from testbed.app.assembly.run_setup import finish, prepare, resolve_model_spec
     from testbed.engine.prompts import PromptTokens
     from testbed.engine.replay import EngineReplay
     from testbed.engine.setup import build_engine
@@ -201,9 +208,9 @@ def test_the_engine_on_the_cost_models_clock_is_the_simulator_to_the_bit(profile
     differently from the engine (an arrival admitted a step later, another batch, a preemption the
     engine does not make) changes them. How well the cost model prices the engine's real steps is
     test_fidelity_on_100_azure_requests' part; the wall-clock latencies, experiments/fidelity_cpu/chain.py's."""
-    from testbed.app.fidelity import _with
-    from testbed.app.frontend import without_frontend
-    from testbed.app.run import simulate
+    from testbed.app.analysis.fidelity import _with
+    from testbed.app.assembly.frontend import without_frontend
+    from testbed.app.assembly.run import simulate
 
     cfg = without_frontend(config(*TINY, "cost_model=profile", f"cost_model.profile={profiled}", *TRACE), "test")
     real, replay = replay_on_the_cost_clock(cfg)
@@ -233,7 +240,7 @@ def test_fidelity_on_100_azure_requests(profiled, tmp_path):
     model is checked against each step's CPU time (this thread's: one torch thread runs the whole step),
     which another process's time on the core does not enter, and only to catch a broken chain: a cost
     model 3x off, either way."""
-    from testbed.app.fidelity import METRICS, run_fidelity
+    from testbed.app.analysis.fidelity import METRICS, run_fidelity
 
     cfg = config(*TINY, "cost_model=profile", f"cost_model.profile={profiled}", *TRACE, profile={"threads": 1})
     res = run_fidelity(cfg, tmp_path / "fid")
@@ -254,7 +261,7 @@ def test_fidelity_on_100_azure_requests(profiled, tmp_path):
                  "real/summary.json", "sim/summary.json", "config.yaml"):
         assert (out / name).exists(), name
     md = (out / "fidelity.md").read_text()
-    assert "| TTFT p99 (ms) |" in md and "Real run(s) on: " in md
+    assert cell("TTFT p99 (ms)", md) and "Real run(s) on: " in md
     assert "match the real run's in every field" in md  # profiled here, a moment ago
     assert "The replay process's share of the core" in md
     (c,) = res.replay_cpu
@@ -267,7 +274,7 @@ def test_fidelity_on_100_azure_requests(profiled, tmp_path):
 
 
 def test_console_entry_points_run(tmp_path):
-    """`python -m testbed.app.profile` (testbed-profile) and `python -m testbed.app.fidelity` (testbed-fidelity)
+    """`python -m testbed.app.profiling.profile` (testbed-profile) and `python -m testbed.app.analysis.fidelity` (testbed-fidelity)
     with Hydra overrides; `++profile.*` works whether or not `profile` is in the schema yet."""
     env = dict(os.environ, OMP_NUM_THREADS="1", CI="1")
     prof = tmp_path / "p.csv"
@@ -276,14 +283,14 @@ def test_console_entry_points_run(tmp_path):
             "++profile.decode_contexts=[32,128,256]", "++profile.mixed_chunks=[32]", "++profile.mixed_batches=[4]",
             "++profile.mixed_contexts=[64]", "++profile.host_batches=[1,16]", "++profile.repeats=2",
             "++profile.retries=1", "++profile.threads=1"]
-    r = subprocess.run([sys.executable, "-m", "testbed.app.profile", *TINY, f"++profile.out={prof}",
+    r = subprocess.run([sys.executable, "-m", "testbed.app.profiling.profile", *TINY, f"++profile.out={prof}",
                         f"hydra.run.dir={tmp_path / 'run'}", *grid], cwd=ROOT, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "held-out error" in r.stdout and prof.exists()
     out = tmp_path / "fid"
-    r = subprocess.run([sys.executable, "-m", "testbed.app.fidelity", *TINY, "cost_model=profile",
+    r = subprocess.run([sys.executable, "-m", "testbed.app.analysis.fidelity", *TINY, "cost_model=profile",
                         f"cost_model.profile={SHIPPED}", "trace.max_requests=20", "trace.rate_scale=50",
                         "trace.max_prompt_len=64", "trace.max_output_len=8", "++profile.threads=1",
                         f"hydra.run.dir={out}"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "| throughput (req/s) |" in r.stdout and (out / "fidelity_cdf.png").exists()
+    assert cell("throughput (req/s)", r.stdout) and (out / "fidelity_cdf.png").exists()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.app.capacity import bisect_max_scale
+from testbed.app.analysis.capacity import bisect_max_scale
 
 
 @pytest.mark.parametrize("threshold", [0.3, 1.7, 5.0])
@@ -26,8 +26,8 @@ def test_bisection_on_the_simulator():
     """Real runs: the capacity of vLLM on 200 Azure conv requests under the interactive SLO (8 runs to bracket it)."""
     from hydra import compose, initialize_config_dir
 
-    from testbed.app.cli import CONF_DIR
-    from testbed.app.run import simulate
+    from testbed.app.entry.cli import CONF_DIR
+    from testbed.app.assembly.run import simulate
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         def attainment(scale):

@@ -77,7 +77,7 @@ def test_small_multirun(tmp_path):
     import matplotlib.image as mpimg
     import numpy as np
 
-    from testbed.app.report import build_report
+    from testbed.app.reports.report import build_report
 
     page = build_report(tmp_path / "sweep")
     pngs = sorted((tmp_path / "sweep" / "report_figures").glob("*.png"))
@@ -93,8 +93,8 @@ def test_small_multirun(tmp_path):
 def test_fast_forward_changes_nothing(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from testbed.app.cli import CONF_DIR
-    from testbed.app.run import simulate
+    from testbed.app.entry.cli import CONF_DIR
+    from testbed.app.assembly.run import simulate
 
     results = {}
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
@@ -114,8 +114,8 @@ def test_fast_forward_changes_nothing(tmp_path):
 def test_lenient_rejected_rows_are_accounted(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from testbed.app.cli import CONF_DIR
-    from testbed.app.run import simulate
+    from testbed.app.entry.cli import CONF_DIR
+    from testbed.app.assembly.run import simulate
 
     f = tmp_path / "t.csv"
     f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.0000000,100,5\n"
@@ -194,8 +194,8 @@ def _assert_two_policy_sweep(sweep: Path, out: str) -> None:
 
 
 def test_report_series_separate_swept_knobs():
-    from testbed.app.report import series_components, series_label
-    from testbed.app.report_sweep import label_keys
+    from testbed.app.reports.report import series_components, series_label
+    from testbed.app.reports.report_sweep import label_keys
 
     df = pd.DataFrame({"policy": ["sarathi", "sarathi"], "policy_config": ["sarathi", "sarathi"],
                        "overrides": ["policy.token_budget=128 trace.rate_scale=1 trace.max_requests=9",

@@ -7,9 +7,13 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from testbed.app import cli, fidelity, profile
-from testbed.app.cli import CONF_DIR
-from testbed.app.validate import ConfigError, check_config
+from testbed.app.entry import cli
+
+from testbed.app.analysis import fidelity
+
+from testbed.app.profiling import profile
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.assembly.validate import ConfigError, check_config
 
 
 def config(*overrides):
@@ -71,9 +75,9 @@ def numeric_keys() -> list[tuple[str, str, object]]:
     import dataclasses
     import typing
 
-    from testbed.app.config import TestbedConfig
-    from testbed.app.plugins import load_policies, load_routers
-    from testbed.app.validate import field_types
+    from testbed.app.assembly.config import TestbedConfig
+    from testbed.app.assembly.plugins import load_policies, load_routers
+    from testbed.app.assembly.validate import field_types
     from testbed.core.bounds import bounds_of
 
     def walk(schema, prefix, policy):
@@ -159,7 +163,7 @@ def sim_only_settings() -> list[tuple[str, object]]:
     """(key, a value other than its default) for every backend key marked simulator-only."""
     import dataclasses
 
-    from testbed.app.config import BackendConfig
+    from testbed.app.assembly.config import BackendConfig
 
     other = {int: 4, bool: False}
     def unset(f):  # a value for a key whose default is null

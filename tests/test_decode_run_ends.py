@@ -7,8 +7,8 @@ from copy import copy
 import pytest
 from hydra import compose, initialize_config_dir
 
-from testbed.app.cli import CONF_DIR
-from testbed.app.run_setup import resolve_model_spec
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.assembly.run_setup import resolve_model_spec
 from testbed.core.cost import BatchShape, decode_run_ends
 from testbed.core.specs import HardwareSpec, ParallelSpec
 from testbed.sim.roofline import RooflineCostModel

@@ -9,9 +9,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from testbed.app.cli import CONF_DIR
+from testbed.app.entry.cli import CONF_DIR
 from testbed.policies import registered
-from testbed.app.run import replay_on_engine, simulate
+from testbed.app.assembly.run import replay_on_engine, simulate
 
 TINY = ["backend=engine", "model=tiny_llama", "backend.device=cpu"]
 
@@ -25,9 +25,9 @@ def config(*overrides):
 
 
 def test_engine_replays_40_azure_requests_like_the_simulator(tmp_path):
-    from testbed.app.cli import main  # noqa: F401  (the entry point's module registers the configs)
-    from testbed.app.results import write_results
-    from testbed.app.run import run_info
+    from testbed.app.entry.cli import main  # noqa: F401  (the entry point's module registers the configs)
+    from testbed.app.analysis.results import write_results
+    from testbed.app.assembly.run import run_info
 
     common = ["trace.max_requests=40", "trace.rate_scale=20", "trace.max_prompt_len=256", "trace.max_output_len=32"]
     real = replay_on_engine(config(*TINY, *common))
@@ -71,7 +71,7 @@ def check_tokens_against_generate(policy, device, tmp_path):
     from testbed.engine.models import build_model
     from testbed.engine.prompts import PromptTokens
     from testbed.engine.setup import build_engine
-    from testbed.app.run_setup import prepare
+    from testbed.app.assembly.run_setup import prepare
     from testbed.core.specs import ModelSpec
 
     cfg = config(*TINY, f"backend.device={device}", f"policy={policy}", "trace=mooncake",
@@ -122,7 +122,7 @@ def test_engine_bench_runs_on_cpu(tmp_path, monkeypatch):
     """The GPU benchmark script's code path, on the tiny model (its figures mean nothing here)."""
     import sys
 
-    from testbed.app import bench
+    from testbed.app.profiling import bench
 
     out = tmp_path / "bench.md"
     monkeypatch.setattr(sys, "argv", ["bench", "--model", "tiny_llama", "--device", "cpu", "--dtype", "float32",
@@ -145,7 +145,7 @@ def tiny_checkpoint(folder, seed=1):
 
 
 def engine_of(*overrides):
-    from testbed.app.run_setup import _obj
+    from testbed.app.assembly.run_setup import _obj
     from testbed.core.specs import ModelSpec
     from testbed.engine.setup import build_engine
 
@@ -215,7 +215,7 @@ def test_the_cpu_kv_cache_takes_no_more_than_it_is_allowed_and_says_so(caplog):
     (["kv.num_blocks=7"], "cpu", 7, "kv.num_blocks"),
 ])
 def test_kv_cache_sizing(overrides, device, blocks, why):
-    from testbed.app.run_setup import _obj
+    from testbed.app.assembly.run_setup import _obj
     from testbed.core.specs import ModelSpec
     from testbed.engine.setup import kv_cache_blocks
 

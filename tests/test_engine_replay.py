@@ -6,7 +6,7 @@ import pytest
 from conftest import make_loop, make_requests
 from testbed.engine.prompts import PromptTokens
 from testbed.engine.replay import EngineReplay
-from testbed.app.metrics import request_table
+from testbed.app.analysis.metrics import request_table
 from testbed.policies import make_policy
 from testbed.core.request import Request
 

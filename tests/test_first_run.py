@@ -12,16 +12,16 @@ import textwrap
 import pytest
 from hydra import compose, initialize_config_dir
 
-from testbed.app.cli import CONF_DIR
-from testbed.app.stop import run_command
-from testbed.app.validate import ConfigError, check_config
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.entry.stop import run_command
+from testbed.app.assembly.validate import ConfigError, check_config
 
 FAST = ["trace.max_requests=5", "output.print_table=false", "output.write_steps=false"]
 
 
 def sim(args, cwd, script="sim"):
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    code = f"import sys; from testbed.app.commands import {script}; sys.exit({script}())"
+    code = f"import sys; from testbed.app.entry.commands import {script}; sys.exit({script}())"
     return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, env=env,
                           timeout=300)
 
@@ -56,7 +56,7 @@ def _module(tmp_path, monkeypatch, body: str) -> str:
 def test_run_command_tells_a_user_error_from_a_bug(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     mod = _module(tmp_path, monkeypatch, """
-        from testbed.app.validate import ConfigError
+        from testbed.app.assembly.validate import ConfigError
         def user(): raise ConfigError("policy.x=1: no such knob")
         def bug(): raise KeyError("an internal slip")
     """)
@@ -113,8 +113,8 @@ def _trace_with_one_too_long_row(path):
 
 
 def test_the_slo_check_explains_itself_and_leaves_out_a_request_longer_than_the_context(tmp_path):
-    from testbed.app.results import format_table
-    from testbed.app.run import simulate
+    from testbed.app.analysis.results import format_table
+    from testbed.app.assembly.run import simulate
 
     cfg = config(f"trace.path={_trace_with_one_too_long_row(tmp_path / 't.csv')}", "output.progress=false")
     s = simulate(cfg).summary
@@ -164,7 +164,7 @@ def test_the_engine_caps_its_cpu_threads_unless_told(monkeypatch):
 def test_an_engine_replay_on_the_cpu_sets_and_records_its_threads(monkeypatch, tmp_path):
     import torch
 
-    from testbed.app.run import replay_on_engine
+    from testbed.app.assembly.run import replay_on_engine
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     before = torch.get_num_threads()

@@ -13,10 +13,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from conftest import FixedCost, make_loop, make_requests
-from testbed.app.cli import CONF_DIR
-from testbed.app.frontend import FrontendConfig, to_engine_queue
-from testbed.app.metrics import SLO, request_table, summarize
-from testbed.app.validate import ConfigError, check_config
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.assembly.frontend import FrontendConfig, to_engine_queue
+from testbed.app.analysis.metrics import SLO, request_table, summarize
+from testbed.app.assembly.validate import ConfigError, check_config
 from testbed.policies import make_policy
 from testbed.routers import make_router
 from testbed.sim.simulation import Simulation
@@ -78,8 +78,8 @@ def test_the_engine_queue_follows_the_shifted_arrivals():
 
 
 def test_no_front_end_makes_client_and_engine_figures_equal():
-    from testbed.app.results import format_table
-    from testbed.app.run import simulate
+    from testbed.app.analysis.results import format_table
+    from testbed.app.assembly.run import simulate
 
     r = simulate(config("frontend=none", "trace.max_requests=300", "trace.rate_scale=4", "output.progress=false"))
     assert "engine" not in format_table(r.summary)
@@ -95,8 +95,8 @@ def test_no_front_end_makes_client_and_engine_figures_equal():
 
 
 def test_a_front_end_on_several_replicas():
-    from testbed.app.results import format_table
-    from testbed.app.run import simulate
+    from testbed.app.analysis.results import format_table
+    from testbed.app.assembly.run import simulate
 
     r = simulate(config("trace.max_requests=300", "trace.rate_scale=4", "backend.replicas=2", "frontend=vllm_api",
                         "frontend.request_s=0.012", "frontend.output_token_s=0.001", "output.progress=false"))
@@ -139,7 +139,7 @@ def test_a_request_the_horizon_cuts_off_keeps_its_client_arrival():
 
 
 def test_a_replay_without_the_front_end_refuses_a_configured_one():
-    from testbed.app.run_setup import finish, prepare
+    from testbed.app.assembly.run_setup import finish, prepare
 
     cfg = config("trace.max_requests=5", "frontend=vllm_api")
     setup = prepare(cfg)

@@ -150,8 +150,8 @@ def test_moe_routing_skew_is_read_from_its_own_rows_and_falls_back_to_balanced()
 def test_moe_routing_reaches_the_summary(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from testbed.app.cli import CONF_DIR
-    from testbed.app.run import simulate
+    from testbed.app.entry.cli import CONF_DIR
+    from testbed.app.assembly.run import simulate
 
     for dist in ("power_law_1.2", "balanced"):
         with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
@@ -187,8 +187,8 @@ def test_unknown_gpu_and_head_dim_are_named(db):
 def test_simulation_with_kernels_finishes(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from testbed.app.cli import CONF_DIR
-    from testbed.app.run import simulate
+    from testbed.app.entry.cli import CONF_DIR
+    from testbed.app.assembly.run import simulate
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["cost_model=kernels", "hardware.kernel_db_gpu=h100_sxm",

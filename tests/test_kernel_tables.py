@@ -12,7 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from testbed.app.cli import CONF_DIR
+from testbed.app.entry.cli import CONF_DIR
 from testbed.core.cost import BatchShape
 from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
 from testbed.sim.kernel_db import INSTALL_HINT, SHIPPED_DIR, KernelDB, KernelDBError, find_tables, shipped_gpus
@@ -153,8 +153,8 @@ def test_the_default_is_the_validated_configuration():
 
 
 def test_the_main_command_says_it_ran_the_validated_configuration(tmp_path):
-    from testbed.app.provenance import line
-    from testbed.app.run import simulate
+    from testbed.app.assembly.provenance import line
+    from testbed.app.assembly.run import simulate
 
     s = simulate(config("trace.max_requests=50", f"output.dir={tmp_path}")).summary
     assert s["cost_model"] == "kernels" and s["frontend"] == "vllm_api" and s["async_scheduling"] is True
@@ -172,7 +172,7 @@ def test_the_main_command_says_it_ran_the_validated_configuration(tmp_path):
                                              (["model=mistral_nemo_12b"], "random"),  # its file sets nothing
                                              (["model=qwen2_5_7b"], "sort+penalties")])
 def test_the_summary_names_the_samplers_path(overrides, path, tmp_path):
-    from testbed.app.run import simulate
+    from testbed.app.assembly.run import simulate
 
     s = simulate(config("trace.max_requests=5", f"output.dir={tmp_path}", *overrides)).summary
     assert s["sampler"] == path
@@ -187,8 +187,8 @@ def test_the_summary_names_the_samplers_path(overrides, path, tmp_path):
     (["hardware=a100"], ["kernel tables of a100_sxm (the validation runs are on H100: h100_sxm)"]),
 ])
 def test_the_summary_names_what_differs_from_the_validated_configuration(overrides, differs, tmp_path):
-    from testbed.app.provenance import line
-    from testbed.app.run import simulate
+    from testbed.app.assembly.provenance import line
+    from testbed.app.assembly.run import simulate
 
     s = simulate(config("trace.max_requests=20", f"output.dir={tmp_path}", *overrides)).summary
     assert s["validated_configuration"] is False and s["differs_from_validated"] == differs
@@ -196,8 +196,8 @@ def test_the_summary_names_what_differs_from_the_validated_configuration(overrid
 
 
 def test_without_tables_the_roofline_stands_in_and_the_summary_says_so(tmp_path, caplog):
-    from testbed.app.provenance import line
-    from testbed.app.run import simulate
+    from testbed.app.assembly.provenance import line
+    from testbed.app.assembly.run import simulate
 
     r = simulate(config("hardware=cpu", "trace.max_requests=20", f"output.dir={tmp_path}"))
     s = r.summary
@@ -218,15 +218,15 @@ def test_without_tables_the_roofline_stands_in_and_the_summary_says_so(tmp_path,
     (["hardware.kernel_db_gpu=no_such_gpu"], "no_such_gpu"),
 ])
 def test_fallback_null_makes_missing_tables_an_error(overrides, words, tmp_path):
-    from testbed.app.run import simulate
+    from testbed.app.assembly.run import simulate
 
     with pytest.raises((KernelDBError, ImportError), match=words):
         simulate(config("cost_model.fallback=null", "trace.max_requests=5", f"output.dir={tmp_path}", *overrides))
 
 
 def test_validation_never_scores_a_stand_in():
-    from testbed.app.real_runs import RealRun  # noqa: F401  (the run type run_config takes)
-    from testbed.app.validate_replay import run_config
+    from testbed.app.analysis.real_runs import RealRun  # noqa: F401  (the run type run_config takes)
+    from testbed.app.analysis.validate_replay import run_config
 
     class Run:  # the fields run_config reads
         tensor_parallel, pipeline_parallel, max_num_batched_tokens, max_num_seqs = 1, 1, 2048, 256
@@ -245,13 +245,13 @@ def test_validation_never_scores_a_stand_in():
     (["disagg.enabled=true"], False),  # not modelled with disaggregation
 ])
 def test_async_scheduling_null_is_vllms_default(overrides, expected):
-    from testbed.app.run_setup import async_scheduling
+    from testbed.app.assembly.run_setup import async_scheduling
 
     assert async_scheduling(config(*overrides)) is expected
 
 
 def test_disaggregation_runs_at_the_default_and_records_async_off(tmp_path):
-    from testbed.app.run import simulate
+    from testbed.app.assembly.run import simulate
 
     s = simulate(config("disagg.enabled=true", "trace.max_requests=20", f"output.dir={tmp_path}")).summary
     assert s["async_scheduling"] is False
@@ -261,8 +261,8 @@ def test_disaggregation_runs_at_the_default_and_records_async_off(tmp_path):
 
 
 def test_the_disaggregation_search_compares_layouts_without_async_scheduling_alike():
-    from testbed.app.disagg_search import layout_config
-    from testbed.app.run_setup import async_scheduling
+    from testbed.app.analysis.disagg_search import layout_config
+    from testbed.app.assembly.run_setup import async_scheduling
 
     for prefill, decode in ((0, 4), (1, 3)):
         assert async_scheduling(layout_config(config(), prefill, decode, 1.0)) is False
@@ -271,12 +271,12 @@ def test_the_disaggregation_search_compares_layouts_without_async_scheduling_ali
 # ---------------------------------------------------------------- the other backends keep working
 @pytest.mark.parametrize("backend", ["engine", "vllm"])
 def test_the_engine_and_vllm_backends_default_to_no_front_end(backend):
-    from testbed.app.validate import check_config
+    from testbed.app.assembly.validate import check_config
 
     cfg = config(f"backend={backend}", "model=tiny_llama")
     assert cfg.frontend.name == "none" and cfg.frontend.request_s == 0 and cfg.backend.async_scheduling is None
     check_config(cfg)  # nothing simulator-only is set
-    from testbed.app.validate import ConfigError
+    from testbed.app.assembly.validate import ConfigError
 
     with pytest.raises(ConfigError, match=r"frontend.request_s=.*the simulator's only"):
         check_config(config(f"backend={backend}", "model=tiny_llama", "frontend=vllm_api"))
@@ -285,7 +285,7 @@ def test_the_engine_and_vllm_backends_default_to_no_front_end(backend):
 
 
 def test_tools_comparing_with_the_engine_drop_the_default_front_end():
-    from testbed.app.frontend import without_frontend
+    from testbed.app.assembly.frontend import without_frontend
 
     cfg = without_frontend(config("model=tiny_llama"), "testbed-fidelity")
     assert cfg.frontend.name == "none" and cfg.frontend.request_s == 0

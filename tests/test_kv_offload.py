@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from conftest import FixedCost, make_requests
 from test_policy_properties import CheckedLoop
-from testbed.app.plugins import make_policy
+from testbed.app.assembly.plugins import make_policy
 from testbed.core.cost import BatchShape
 from testbed.core.kv import BlockManager
 from testbed.core.kv_offload import OffloadingBlockManager
@@ -193,8 +193,8 @@ def test_random_traffic_never_loses_or_double_counts_a_block(ops, device, host, 
 def test_mooncake_with_a_small_device_cache_hits_more_with_offload(policy, write_policy):
     from hydra import compose, initialize_config_dir
 
-    from testbed.app.cli import CONF_DIR
-    from testbed.app.run import simulate
+    from testbed.app.entry.cli import CONF_DIR
+    from testbed.app.assembly.run import simulate
 
     results, computed = {}, {}
     for gb in (0, 8):
@@ -216,7 +216,7 @@ def test_mooncake_with_a_small_device_cache_hits_more_with_offload(policy, write
 def compose_cfg(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from testbed.app.cli import CONF_DIR
+    from testbed.app.entry.cli import CONF_DIR
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=list(overrides))
@@ -224,7 +224,7 @@ def compose_cfg(*overrides):
 
 def test_a_profile_cost_model_charges_loads_at_the_host_link_only_with_offload_on():
     """The shipped profile predates `load_blocks` (no such column) and still loads."""
-    from testbed.app.run_setup import _obj, build_cost_model
+    from testbed.app.assembly.run_setup import _obj, build_cost_model
 
     cfg = compose_cfg("cost_model=profile", "model=tiny_llama", "hardware=cpu", "kv.offload_gb=1")
     model, hw = _obj(cfg.model, ModelSpec), _obj(cfg.hardware, HardwareSpec)
@@ -239,7 +239,7 @@ def test_a_profile_cost_model_charges_loads_at_the_host_link_only_with_offload_o
 
 @pytest.mark.parametrize("backend", ["engine", "vllm"])
 def test_the_real_backends_refuse_a_host_tier(backend):
-    from testbed.app.validate import ConfigError, check_config
+    from testbed.app.assembly.validate import ConfigError, check_config
 
     with pytest.raises(ConfigError, match=r"kv.offload_gb=4.0: the simulator's only"):
         check_config(compose_cfg("kv.offload_gb=4"), backend=backend)
@@ -247,7 +247,7 @@ def test_the_real_backends_refuse_a_host_tier(backend):
 
 
 def test_an_offload_size_below_one_block_is_refused():
-    from testbed.app.run_setup import offload_kv_blocks
+    from testbed.app.assembly.run_setup import offload_kv_blocks
 
     cfg = compose_cfg("kv.offload_gb=1e-9")
     with pytest.raises(ValueError, match=r"kv.offload_gb=1e-09: holds no KV block"):
@@ -255,7 +255,7 @@ def test_an_offload_size_below_one_block_is_refused():
 
 
 def _model(cfg):
-    from testbed.app.run_setup import _obj
+    from testbed.app.assembly.run_setup import _obj
 
     return _obj(cfg.model, ModelSpec)
 
@@ -290,7 +290,7 @@ def test_every_policy_keeps_the_invariants_with_a_host_tier(name, specs, num_blo
 
 
 def test_an_unknown_write_policy_is_refused_even_with_offload_off():
-    from testbed.app.run_setup import offload_kv_blocks
+    from testbed.app.assembly.run_setup import offload_kv_blocks
 
     cfg = compose_cfg("kv.offload_write_policy=write_around")
     with pytest.raises(ValueError, match=r"kv.offload_write_policy='write_around': expected one of write_through, write_back"):

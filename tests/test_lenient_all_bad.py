@@ -44,8 +44,8 @@ def test_lenient_run_of_only_bad_rows_exits_0_with_results_that_count_them(tmp_p
     assert "bad.csv:2: field 'TIMESTAMP': unparseable time 'x'" in strict.stderr and not (tmp_path / "strict" / "summary.json").exists()
 
     # a sweep holding such a run: its merged table and testbed-report take it
-    from testbed.app.report import build_report
-    from testbed.app.sweep import write_sweep_table
+    from testbed.app.reports.report import build_report
+    from testbed.app.reports.sweep import write_sweep_table
 
     ok = run_sim(tmp_path, "trace.max_requests=5", f"output.dir={tmp_path / 'sweep' / '1_ok'}")
     assert ok.returncode == 0, ok.stderr[-2000:]

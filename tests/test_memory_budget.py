@@ -12,11 +12,11 @@ import tracemalloc
 import pytest
 from hydra import compose, initialize_config_dir
 
-from testbed.app import memory_budget
-from testbed.app.cli import CONF_DIR
-from testbed.app.memory_budget import MemoryBudgetError, check_fits, replica_term, request_term
-from testbed.app.run import simulate
-from testbed.app.run_setup import check_memory, prepare, resolve_model_spec
+from testbed.app.assembly import memory_budget
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.assembly.memory_budget import MemoryBudgetError, check_fits, replica_term, request_term
+from testbed.app.assembly.run import simulate
+from testbed.app.assembly.run_setup import check_memory, prepare, resolve_model_spec
 
 FAST = ["logger=none", "output.progress=false", "cost_model=roofline"]
 

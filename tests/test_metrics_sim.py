@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import FixedCost, make_loop, make_requests
-from testbed.app.metrics import SLO, request_table, summarize
+from testbed.app.analysis.metrics import SLO, request_table, summarize
 from testbed.policies import make_policy
 from testbed.routers import make_router
 from testbed.sim.simulation import Simulation

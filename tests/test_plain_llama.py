@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from testbed.app.plain_llama import PlainLlama
+from testbed.app.profiling.plain_llama import PlainLlama
 from testbed.engine.models import build_model, make_config
 
 

@@ -312,7 +312,7 @@ def test_slo_interpolation_in_the_policy_configs():
     from omegaconf import OmegaConf
     from pathlib import Path
 
-    from testbed.app.config import register_configs
+    from testbed.app.assembly.config import register_configs
 
     register_configs()
     conf = str(Path(__file__).resolve().parent.parent / "testbed" / "conf")

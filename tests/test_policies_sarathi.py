@@ -15,7 +15,7 @@ from __future__ import annotations
 from hydra import compose, initialize_config_dir
 
 from conftest import FixedCost
-from testbed.app.cli import CONF_DIR  # registers the config schemas
+from testbed.app.entry.cli import CONF_DIR  # registers the config schemas
 from sarathi_reference import RefSarathi, RefSeq, random_scenario
 from testbed.core.kv import BlockManager
 from testbed.core.loop import SchedulerLimits, StepLoop

@@ -30,7 +30,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from conftest import FixedCost, make_loop, make_requests
-from testbed.app.cli import CONF_DIR
+from testbed.app.entry.cli import CONF_DIR
 from testbed.policies import make_policy
 from testbed.sim.simulation import Simulation
 

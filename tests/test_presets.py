@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from testbed.app.cli import CONF_DIR
-from testbed.app.run_setup import prepare, resolve_model_spec
-from testbed.app.run import simulate
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.assembly.run_setup import prepare, resolve_model_spec
+from testbed.app.assembly.run import simulate
 from testbed.core.cost import BatchShape
 from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec, kv_capacity_blocks
 from testbed.sim.roofline import RooflineCostModel
@@ -310,7 +310,7 @@ def test_main_command_style(tmp_path, args, model):
 
 
 def test_engine_and_vllm_backends_refuse_several_gpus():
-    from testbed.app.validate import ConfigError, check_config
+    from testbed.app.assembly.validate import ConfigError, check_config
 
     for backend in ("engine", "vllm"):
         with pytest.raises(ConfigError, match=f"parallel.tensor_parallel_size=2: backend={backend}"):

@@ -9,7 +9,7 @@ import warnings
 import pytest
 from hydra import compose, initialize_config_dir
 
-from testbed.app.cli import CONF_DIR
+from testbed.app.entry.cli import CONF_DIR
 from testbed.engine import machine
 from testbed.engine.machine import describe_machine, machine_differences, profile_command, warn_if_other_machine
 from testbed.engine.profile import write_profile
@@ -83,7 +83,7 @@ def test_warning_names_fields_and_the_profile_command_once():
 
 
 def test_simulation_with_another_machines_cpu_profile_warns(tmp_path):
-    from testbed.app.run import simulate
+    from testbed.app.assembly.run import simulate
 
     path = profile_with(tmp_path, "other.csv", cpu_model="Intel(R) Xeon(R) Something", torch_threads="8")
     with pytest.warns(UserWarning, match=r"cpu_model.*Intel\(R\) Xeon\(R\) Something in the profile.*testbed-profile"):
@@ -98,7 +98,7 @@ def test_simulation_with_another_machines_cpu_profile_warns(tmp_path):
 
 
 def test_same_machine_profile_is_silent_and_gpu_profile_is_not_compared_in_a_simulation(tmp_path):
-    from testbed.app.run import simulate
+    from testbed.app.assembly.run import simulate
 
     same = profile_with(tmp_path, "same.csv")
     gpu = profile_with(tmp_path, "gpu.csv", device="NVIDIA H100 80GB HBM3", device_type="cuda",

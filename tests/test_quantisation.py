@@ -14,10 +14,10 @@ from hydra import compose, initialize_config_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.app.cli import CONF_DIR
-from testbed.app.run_setup import prepare, resolve_model_spec
-from testbed.app.run import simulate
-from testbed.app.validate import ConfigError, check_config
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.assembly.run_setup import prepare, resolve_model_spec
+from testbed.app.assembly.run import simulate
+from testbed.app.assembly.validate import ConfigError, check_config
 from testbed.core.cost import BatchShape
 from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec, kv_capacity_blocks
 from testbed.sim.roofline import RooflineCostModel

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from testbed.app.cli import CONF_DIR
-from testbed.app.referee import lockstep, markdown, report
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.analysis.referee import lockstep, markdown, report
 from testbed.core.kv import BlockManager
 from testbed.core.loop import SchedulerLimits, StepLoop
 from testbed.core.request import Request
@@ -87,7 +87,7 @@ def test_lockstep_finds_the_first_step_a_rule_changes():
 
 
 def test_referee_refuses_other_policies(tmp_path):
-    from testbed.app.referee import run_referee
+    from testbed.app.analysis.referee import run_referee
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["policy=sarathi"])
@@ -105,7 +105,7 @@ def test_referee_on_real_vllm_every_step_identical(vllm, tmp_path):
     """60 Azure conv requests on an 11-block cache (vLLM's default settings, prefix caching on):
     vLLM preempts, every step of the `vllm` policy in lockstep equals vLLM's, and our engine running
     that lockstep generates exactly vLLM's tokens."""
-    from testbed.app.referee import run_referee
+    from testbed.app.analysis.referee import run_referee
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[
@@ -128,7 +128,7 @@ def test_referee_on_real_vllm_without_chunked_prefill_and_with_the_threshold(vll
     """The same 60 requests with chunked prefill off and a 200-token long-prefill threshold: vLLM caps a
     prompt's chunk at the threshold before its no-chunking check (scheduler.py L1155-1165), so long prompts
     are admitted in 200-token pieces; every step of the `vllm` policy equals vLLM's, preemptions included."""
-    from testbed.app.referee import run_referee
+    from testbed.app.analysis.referee import run_referee
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[
@@ -161,7 +161,7 @@ def test_referee_on_real_vllm_priority_every_step_identical(vllm, tmp_path):
     """`vllm_priority` against real vLLM's --scheduling-policy priority (issue 24): a trace whose requests
     carry priorities 0-3, on a cache small enough that vLLM preempts by priority; every step of the policy
     in lockstep equals vLLM's, preemptions included, and vLLM was given the trace's priorities."""
-    from testbed.app.referee import run_referee
+    from testbed.app.analysis.referee import run_referee
 
     trace = priority_trace(tmp_path / "prio.csv")
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import FixedCost
-from testbed.app.plugins import make_router
+from testbed.app.assembly.plugins import make_router
 from testbed.core.kv import BlockManager
 from testbed.core.loop import SchedulerLimits, StepLoop
 from testbed.core.request import Request
@@ -65,7 +65,7 @@ def plans(out) -> int:
 
 
 def _coalesced(rows, counts):
-    """Back-to-back identical all-decode rows merged (testbed/app/fingerprint.py's rule)."""
+    """Back-to-back identical all-decode rows merged (testbed/app/analysis/fingerprint.py's rule)."""
     out = []
     for (start, end, prefill, decode, running, waiting), k in zip(rows, counts):
         if out and prefill == 0 and out[-1][2] == 0 and out[-1][1] == start and out[-1][3:6] == (decode, running, waiting):

@@ -18,9 +18,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
-from testbed.app import report as R  # noqa: E402
-from testbed.app.report_style import MAX_SERIES, log_axis, plain_number, styles  # noqa: E402
-from testbed.app.report_sweep import label_keys, swept_and_constant  # noqa: E402
+from testbed.app.reports import report as R  # noqa: E402
+from testbed.app.reports.report_style import MAX_SERIES, log_axis, plain_number, styles  # noqa: E402
+from testbed.app.reports.report_sweep import label_keys, swept_and_constant  # noqa: E402
 
 SLO = {"name": "mlperf_llama3_8b", "ttft_ms": 2000, "tpot_ms": 100, "e2el_ms": None, "percentile": 99,
        "attainment_target": 0.9}
@@ -68,7 +68,7 @@ def make_sweep(root: Path, policies, rates=(1.0, 2.0), traces=("azure_conv",), c
 
 def _table(sweep: Path) -> pd.DataFrame:
     """The sweep's merged table (written as the sweep's end writes it), one series per policy."""
-    from testbed.app.sweep import write_sweep_table
+    from testbed.app.reports.sweep import write_sweep_table
 
     df = write_sweep_table(sweep)
     return df.assign(series=df["policy"])
@@ -206,7 +206,7 @@ def test_a_committed_table_alone_makes_a_report(tmp_path):
 
 
 def test_not_a_sweep_is_one_line_and_exit_2(tmp_path):
-    code = "import sys; from testbed.app.commands import report; sys.exit(report())"
+    code = "import sys; from testbed.app.entry.commands import report; sys.exit(report())"
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "nothing")], capture_output=True, text=True,
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(Path(R.__file__).parents[2])})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from testbed.app.cli import CONF_DIR
-from testbed.app.inputs import INPUTS, changed_inputs, read_inputs, write_inputs
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.assembly.inputs import INPUTS, changed_inputs, read_inputs, write_inputs
 from testbed.traces.loaders import DATA_DIR
 
 BUNDLED = DATA_DIR / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"

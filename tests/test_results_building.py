@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from conftest import FixedCost, make_loop, make_requests
-from testbed.app import metrics
-from testbed.app.fingerprint import frame_hash
-from testbed.app.frontend import FrontendConfig, to_engine_queue
-from testbed.app.metrics import PERCENTILES, outcome_of, request_table, take_itl_ms
+from testbed.app.analysis import metrics
+from testbed.app.analysis.fingerprint import frame_hash
+from testbed.app.assembly.frontend import FrontendConfig, to_engine_queue
+from testbed.app.analysis.metrics import PERCENTILES, outcome_of, request_table, take_itl_ms
 from testbed.core.request import Outcome, Status
 from testbed.policies import make_policy
 from testbed.routers import make_router
@@ -133,7 +133,7 @@ def test_the_cli_composes_its_config_once_into_hydras_own(tmp_path, monkeypatch)
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.hydra import Hydra
 
-    from testbed.app import cli, compose_once
+    from testbed.app.entry import cli, compose_once
 
     calls = []
     load = ConfigLoaderImpl.load_configuration

@@ -267,7 +267,7 @@ def test_a_stalled_sweep_job_is_listed_as_stalled(tmp_path, stalling_policy):
     table = pd.read_csv(sweep / "sweep_summary.csv").set_index("policy")
     assert table.status.to_dict() == {"never": "stalled", "vllm": "ok"}
     assert not list(sweep.glob("*/failed.json"))  # its results are written: stalled, not failed
-    from testbed.app.report import build_report
+    from testbed.app.reports.report import build_report
 
     page = build_report(sweep).read_text()  # the report plots only the complete runs
     assert "1 jobs plotted; policies: vllm." in page and "stalled" in page  # listed under the jobs not plotted
@@ -285,7 +285,7 @@ def test_an_unwritable_output_folder_fails_before_the_run(tmp_path):
 def test_ctrl_c_while_the_workers_start_stops_the_sweep_without_a_traceback(tmp_path):
     """A terminal's Ctrl-C reaches the whole process group: loky's workers, still starting (seconds of
     imports), once took it as a KeyboardInterrupt, the pool broke and the worker's traceback was
-    printed. Now they start deaf to it (app/sweep_signals.py), and every job is listed as not started."""
+    printed. Now they start deaf to it (app/entry/sweep_signals.py), and every job is listed as not started."""
     from signalling import Run
 
     sweep = tmp_path / "sweep"

@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import FixedCost, make_loop, make_requests
-from testbed.app.cli import CONF_DIR
-from testbed.app.metrics import outcome_of
-from testbed.app.plugins import load_routers, make_router
-from testbed.app.run_setup import build_router
-from testbed.app.validate import check_config
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.analysis.metrics import outcome_of
+from testbed.app.assembly.plugins import load_routers, make_router
+from testbed.app.assembly.run_setup import build_router
+from testbed.app.assembly.validate import check_config
 from testbed.core.bounds import bounds_of
 from testbed.core.kv import BlockManager
 from testbed.core.loop import SchedulerLimits, StepLoop

@@ -13,9 +13,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hypothesis import given, settings, strategies as st
 
-from testbed.app.cli import CONF_DIR
-from testbed.app.run import simulate
-from testbed.app.validate import ConfigError, check_config
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.assembly.run import simulate
+from testbed.app.assembly.validate import ConfigError, check_config
 from testbed.core.kv import prefix_block_keys
 from testbed.core.request import Request
 from testbed.traces import TraceError, load_trace

@@ -109,7 +109,7 @@ def test_a_child_tied_to_its_parent_dies_with_it(tmp_path):
     """`die_with_parent`: a job's forked child must not outlive its killed worker (it once wrote its
     results after the sweep was gone)."""
     code = ("import os, sys, time\n"
-            "from testbed.app.stop import die_with_parent\n"
+            "from testbed.app.entry.stop import die_with_parent\n"
             "parent = os.getpid()\n"
             "if os.fork() == 0:\n"
             "    die_with_parent(parent)\n"

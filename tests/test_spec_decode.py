@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import FixedCost
-from testbed.app.cli import CONF_DIR
-from testbed.app.run_setup import prepare
-from testbed.app.run import simulate
-from testbed.app.validate import ConfigError, check_config
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.assembly.run_setup import prepare
+from testbed.app.assembly.run import simulate
+from testbed.app.assembly.validate import ConfigError, check_config
 from testbed.core.cost import BatchShape, add_work
 from testbed.core.kv import BlockManager
 from testbed.core.loop import SchedulerLimits, StepLoop
@@ -26,7 +26,7 @@ from testbed.core.specs import HardwareSpec, ParallelSpec
 from testbed.policies import make_policy, registered
 from testbed.sim.roofline import RooflineCostModel
 from testbed.sim.simulation import Simulation
-from testbed.app.spec_decode import draft_model_spec
+from testbed.app.assembly.spec_decode import draft_model_spec
 from testbed.sim.spec_cost import SpecDecodeCostModel
 
 
@@ -260,7 +260,7 @@ def test_spec_decoding_lowers_tpot_at_low_load():
     """The lever: Llama-3.1-8B on an H100 at low load, k=3, alpha 0.7, Llama-3.2-1B drafting."""
     plain = simulate(config(*SMALL)).summary
     spec = simulate(config(*SMALL, "spec_decode.method=draft", "spec_decode.acceptance_rate=0.7")).summary
-    # vLLM turns async scheduling off with a draft model (testbed.app.run_setup.async_scheduling), so its host work
+    # vLLM turns async scheduling off with a draft model (testbed.app.assembly.run_setup.async_scheduling), so its host work
     # per step shows: against plain decoding run the same way the lever is large, against vLLM's default smaller
     sync = simulate(config(*SMALL, "backend.async_scheduling=false")).summary
     assert spec["async_scheduling"] is False and plain["async_scheduling"] is True
@@ -370,7 +370,7 @@ def test_bad_names_get_clear_errors(overrides, words):
 def test_draft_passes_pay_neither_host_work_nor_the_samplers_passes():
     """The proposer runs inside the target's step and drafts by argmax (vLLM 0.15.1 v1/spec_decode/eagle.py):
     the scheduler's host work and the sampler are the target's, once per step."""
-    from testbed.app.run_setup import prepare
+    from testbed.app.assembly.run_setup import prepare
 
     cost = prepare(config(*SMALL, "spec_decode.method=draft")).cost
     assert cost.target.host_step > 0 and cost.target.sampler is not None

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from testbed.app.job_dirs import MAX_CHARS, safe_dirname
+from testbed.app.entry.job_dirs import MAX_CHARS, safe_dirname
 from testbed.traces.loaders import DATA_DIR
 
 BUNDLED = "azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
@@ -114,8 +114,8 @@ def test_sweep_over_trace_paths_with_a_failing_job_tables_every_job(tmp_path):
 def test_table_finds_job_folders_a_subdir_of_ones_own_nests(tmp_path):
     """A `hydra.sweep.subdir` set by hand may still nest a job's folder: the table lists it, by its path
     in the sweep folder, beside the plain ones (it looked at the sweep folder's own children only)."""
-    from testbed.app.results import record_failure
-    from testbed.app.sweep import write_sweep_table
+    from testbed.app.analysis.results import record_failure
+    from testbed.app.reports.sweep import write_sweep_table
 
     sweep = tmp_path / "sweep"
     plain, nested = sweep / "0_policy=vllm", sweep / "1_trace.path=data" / "t.csv"

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from test_cli import run_cli
 
-from testbed.app.sweep import format_sweep, trace_name
-from testbed.app.sweep_progress import Watch, job_line, plan_sweep, read_plan, record_job_end, write_plan
+from testbed.app.reports.sweep import format_sweep, trace_name
+from testbed.app.reports.sweep_progress import Watch, job_line, plan_sweep, read_plan, record_job_end, write_plan
 
 
 def test_plan_counts_jobs_and_names_the_swept_keys():

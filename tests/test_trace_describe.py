@@ -154,7 +154,7 @@ def test_reuse_bounds_the_simulated_prefix_hit_rate():
     """The simulator with a cache that never evicts, at a load where no request waits on another,
     hits almost exactly the bound; it may only lose the last token it recomputes and the tail of a
     trace block that is not a whole KV block."""
-    from testbed.app.run import simulate
+    from testbed.app.assembly.run import simulate
 
     rng = np.random.default_rng(0)
     reqs = []
@@ -211,7 +211,7 @@ def test_rejections_are_counted_by_field_and_reason_without_their_values():
 def _compose(overrides):
     from hydra import compose, initialize_config_dir
 
-    from testbed.app.cli import CONF_DIR
+    from testbed.app.entry.cli import CONF_DIR
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=overrides)
@@ -219,7 +219,7 @@ def _compose(overrides):
 
 def test_describes_the_requests_a_run_would_replay(tmp_path):
     """Lenient rejections counted with their reasons, transforms applied, as build_requests does."""
-    from testbed.app.traces import describe_config
+    from testbed.app.analysis.traces import describe_config
 
     csv = tmp_path / "small.csv"
     rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
@@ -248,7 +248,7 @@ def test_describes_the_requests_a_run_would_replay(tmp_path):
 
 def _cli(args, cwd):
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, "-m", "testbed.app.traces", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "testbed.app.analysis.traces", *args], cwd=cwd, capture_output=True,
                           text=True, env=env, timeout=300)
 
 

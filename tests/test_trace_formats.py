@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from testbed import traces
-from testbed.app.config import TraceConfig
-from testbed.app.run_setup import build_requests
+from testbed.app.assembly.config import TraceConfig
+from testbed.app.assembly.run_setup import build_requests
 from testbed.traces import TraceError
 
 AZ_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -36,7 +36,7 @@ def trace_cfg(**kw):
 def compose_trace(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from testbed.app.cli import CONF_DIR
+    from testbed.app.entry.cli import CONF_DIR
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=list(overrides)).trace

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 from testbed import traces
-from testbed.app.config import TraceConfig
-from testbed.app.run_setup import build_requests
+from testbed.app.assembly.config import TraceConfig
+from testbed.app.assembly.run_setup import build_requests
 from testbed.core.request import Request
 from testbed.traces import TraceError
 
@@ -21,7 +21,7 @@ from testbed.traces import TraceError
 def compose(*overrides):
     from hydra import compose as hydra_compose, initialize_config_dir
 
-    from testbed.app.cli import CONF_DIR
+    from testbed.app.entry.cli import CONF_DIR
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return hydra_compose("config", overrides=list(overrides))
@@ -147,7 +147,7 @@ def test_spread_through_the_config_is_seeded_and_reported(tmp_path):
 
 
 def test_the_summary_says_the_trace_was_spread(tmp_path):
-    from testbed.app.run import simulate
+    from testbed.app.assembly.run import simulate
 
     f = mooncake_rows(STAMPS_MS, tmp_path / "conv.jsonl")
     base = ["trace=mooncake_conversation", f"trace.path={f}", "output.print_table=false"]

@@ -1,12 +1,12 @@
-"""The trace section of a run (`testbed.app.run_setup.build_requests`): what a config selects, what
+"""The trace section of a run (`testbed.app.assembly.run_setup.build_requests`): what a config selects, what
 the run is told about the rows it did not serve, and how it fails when nothing is left."""
 from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
 
-from testbed.app.config import TraceConfig
-from testbed.app.run_setup import build_requests
+from testbed.app.assembly.config import TraceConfig
+from testbed.app.assembly.run_setup import build_requests
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 
@@ -56,7 +56,7 @@ def test_every_row_rejected_is_counted_under_lenient_and_stops_a_strict_load(tmp
 def compose_trace(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from testbed.app.cli import CONF_DIR
+    from testbed.app.entry.cli import CONF_DIR
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=list(overrides)).trace

@@ -19,13 +19,13 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from testbed.app.cli import CONF_DIR
-from testbed.app.real_runs import MEASURED, RealRunError, load_run, load_run_sets, load_runs
-from testbed.app import validate_fit
-from testbed.app import validate_runs as V
-from testbed.app.inference_perf import client_figures, messages_per_token, pooled_percentiles
-from testbed.app.validate_replay import RunReplay, StageResult
-from testbed.app.validate_report import by_model
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.analysis.real_runs import MEASURED, RealRunError, load_run, load_run_sets, load_runs
+from testbed.app.analysis import validate_fit
+from testbed.app.analysis import validate_runs as V
+from testbed.app.analysis.inference_perf import client_figures, messages_per_token, pooled_percentiles
+from testbed.app.analysis.validate_replay import RunReplay, StageResult
+from testbed.app.analysis.validate_report import by_model
 from testbed.traces.shared_prefix import shared_prefix_requests
 
 SMALL = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 8, "num_attention_heads": 16,
@@ -162,7 +162,7 @@ def test_validate_fits_known_overheads_and_scores_a_model_it_did_not_see(tmp_pat
     assert max(V.validate(cfg)["median_abs_error"][m] for m in ("ttft", "e2e", "tpot")) > 0.02
 
 
-# --- the load generator's figures (testbed/app/inference_perf.py) ------------------------------------------
+# --- the load generator's figures (testbed/app/analysis/inference_perf.py) ------------------------------------------
 
 def literal_figures(arrival: list[float], ttft: list[float], e2e: list[float], token_times: list[list[float]],
                     per_token: int) -> dict:
@@ -414,7 +414,7 @@ def test_a_stop_scores_and_writes_the_runs_replayed_so_far(tmp_path, monkeypatch
     fake = fake_replay(calls)
     looks = []
 
-    def stop() -> bool:  # the flag a signal raises (app/stop.py): up once two runs are replayed
+    def stop() -> bool:  # the flag a signal raises (app/entry/stop.py): up once two runs are replayed
         looks.append(1)
         return len(calls) >= 2
 

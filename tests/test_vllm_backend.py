@@ -16,10 +16,17 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from testbed.app.cli import CONF_DIR
-from testbed.app.cli import run
-from testbed.app.validate import ConfigError, check_config
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.assembly.backends import run
+from testbed.app.assembly.validate import ConfigError, check_config
 from testbed.vllm_backend import VLLMUnavailable, check_version, parse_version
+
+
+def cell(text: str, table: str) -> bool:
+    """`text` is a whole cell of a Markdown table in `table`, whatever its padding."""
+    import re
+
+    return re.search(r"\|\s*" + re.escape(text) + r"\s*\|", table) is not None
 
 
 def config(*overrides):
@@ -78,7 +85,7 @@ def vllm():
 def run_vllm(tmp_path, *overrides):
     cfg = config("backend=vllm", *TINY, f"output.dir={tmp_path}", *overrides)
     check_config(cfg)
-    from testbed.app.cli import _run_and_write
+    from testbed.app.entry.cli import _run_and_write
 
     summary, signum = _run_and_write(cfg)
     assert signum is None
@@ -241,7 +248,7 @@ def test_native_replay_keeps_a_step_record_per_step_that_ran_tokens():
 
 
 def test_real_spread_and_the_simulators_error_against_the_real_mean():
-    from testbed.app.fidelity import METRICS, compare_repeats, spread
+    from testbed.app.analysis.fidelity import METRICS, compare_repeats, spread
 
     sp = spread([90.0, 100.0, 110.0])
     assert sp["mean"] == 100 and sp["min"] == 90 and sp["max"] == 110
@@ -261,15 +268,15 @@ def test_real_spread_and_the_simulators_error_against_the_real_mean():
 def test_fidelity_repeats_below_one_is_refused():
     with pytest.raises(ConfigError, match=r"fidelity.repeats=0"):
         check_config(config("backend=vllm", "fidelity.repeats=0"))
-    from testbed.app.fidelity import run_fidelity
+    from testbed.app.analysis.fidelity import run_fidelity
 
     with pytest.raises(ValueError, match=r"fidelity.repeats=0: the real replay must run at least once"):
         run_fidelity(config("backend=vllm", "fidelity.repeats=0"))
 
 
 def test_vllm_fidelity_refuses_a_mismatched_or_dishonest_setup(tmp_path):
-    from testbed.app.fidelity import vllm_problems
-    from testbed.app.vllm_profile import trace_key
+    from testbed.app.analysis.fidelity import vllm_problems
+    from testbed.app.profiling.vllm_profile import trace_key
     from testbed.engine.profile import write_profile
 
     p = vllm_problems(config("backend=vllm", "policy=sarathi", "cost_model=profile", "backend.scheduler=native"))
@@ -287,7 +294,7 @@ def test_vllm_fidelity_refuses_a_mismatched_or_dishonest_setup(tmp_path):
 def test_profile_rows_from_step_records_fit_a_cost_model():
     """Synthetic step records with a known linear cost: the fitted model recovers it."""
     from testbed.core.cost import BatchShape
-    from testbed.app.vllm_profile import record_rows
+    from testbed.app.profiling.vllm_profile import record_rows
     from testbed.sim.fitted_cost import ProfileCostModel
 
     records = []
@@ -312,7 +319,7 @@ TIMING = ["trace.max_requests=12", "trace.rate_scale=40", "kv.num_blocks=32", "s
 @pytest.fixture(scope="module")
 def vllm_profile(vllm, tmp_path_factory):
     """`testbed-profile backend=vllm` on a calibration window (trace.start_s=600) of the tiny model."""
-    from testbed.app.vllm_profile import run_vllm_profile
+    from testbed.app.profiling.vllm_profile import run_vllm_profile
 
     out = tmp_path_factory.mktemp("vprof")
     common = [o for o in TIMING if not o.startswith(("trace.max_requests", "kv.num_blocks", "trace.rate_scale",
@@ -325,7 +332,7 @@ def vllm_profile(vllm, tmp_path_factory):
 def test_vllm_profile_records_every_step_that_ran_tokens(vllm_profile):
     from testbed.sim.fitted_cost import ProfileCostModel, read_profile
 
-    from testbed.app.run_setup import prepare
+    from testbed.app.assembly.run_setup import prepare
 
     path, cfg = vllm_profile
     header, df = read_profile(path)
@@ -344,7 +351,7 @@ def test_vllm_profile_records_every_step_that_ran_tokens(vllm_profile):
 
 @pytest.mark.parametrize("policy,mode,repeats", [("vllm", "native", 2), ("sarathi", "policy", 1)])
 def test_vllm_fidelity_against_the_calibrated_simulator(vllm_profile, tmp_path, policy, mode, repeats):
-    from testbed.app.fidelity import METRICS, run_fidelity
+    from testbed.app.analysis.fidelity import METRICS, run_fidelity
 
     cfg = config("backend=vllm", *TINY, *TIMING, f"policy={policy}", f"backend.scheduler={mode}", "cost_model=profile",
                  f"cost_model.profile={vllm_profile[0]}", f"fidelity.repeats={repeats}")
@@ -369,6 +376,6 @@ def test_vllm_fidelity_against_the_calibrated_simulator(vllm_profile, tmp_path, 
     names += [f"real_{i}/summary.json" for i in range(2, repeats + 1)]
     assert all((out / n).exists() for n in names)
     md = (out / "fidelity.md").read_text()
-    assert ("| real spread |" in md) == (repeats > 1) and "| TTFT p99 (ms) |" in md
+    assert cell("real spread", md) == (repeats > 1) and cell("TTFT p99 (ms)", md)
     j = json.loads((out / "fidelity.json").read_text())
     assert j["repeats"] == repeats and "real_spread" in j["metrics"]["p99_ttft_ms"]

@@ -119,7 +119,7 @@ def test_vllms_draws_are_reproduced_to_the_bit():
 def test_peak_figures_are_vllms():
     """max_output_tokens_per_s and max_concurrent_requests from the fixture's requests give what vLLM's own
     calculate_metrics computed from them."""
-    from testbed.app.vllm_bench_format import peak_per_second
+    from testbed.app.analysis.vllm_bench_format import peak_per_second
 
     r = json.loads(FIXTURE.read_text())
     tokens = np.concatenate([s + t + np.concatenate([[0.0], np.cumsum(i)])
@@ -129,7 +129,7 @@ def test_peak_figures_are_vllms():
 
 
 def test_the_fixture_is_replayed_and_compared(tmp_path, capsys):
-    from testbed.app.vllm_bench import ROWS, main
+    from testbed.app.analysis.vllm_bench import ROWS, main
     from testbed.traces.vllm_bench import send_times
 
     real = json.loads(FIXTURE.read_text())
@@ -157,7 +157,7 @@ def test_the_fixture_is_replayed_and_compared(tmp_path, capsys):
 
 
 def test_a_file_dataset_takes_the_files_lengths(tmp_path):
-    from testbed.app.vllm_bench import main
+    from testbed.app.analysis.vllm_bench import main
 
     real = json.loads(FIXTURE.read_text())
     real["input_lens"] = [p + 7 for p in real["input_lens"]]  # not what the seed draws: must come from the file
@@ -192,7 +192,7 @@ def test_a_missing_key_is_named_and_exits_2(tmp_path):
     ("max_concurrency", 8, "'max_concurrency' is 8: the replay is open-loop"),
 ])
 def test_a_wrong_value_is_named_and_exits_2(tmp_path, capsys, key, value, says):
-    from testbed.app.vllm_bench import main
+    from testbed.app.analysis.vllm_bench import main
 
     real = json.loads(FIXTURE.read_text())
     real[key] = value
@@ -205,7 +205,7 @@ def test_a_wrong_value_is_named_and_exits_2(tmp_path, capsys, key, value, says):
 
 
 def test_a_file_dataset_without_its_lengths_and_an_unknown_model_exit_2(tmp_path, capsys):
-    from testbed.app.vllm_bench import main
+    from testbed.app.analysis.vllm_bench import main
 
     real = json.loads(FIXTURE.read_text())
     del real["input_lens"]

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from testbed.app.cli import CONF_DIR
-from testbed.app.run import simulate
-from testbed.app.validate import ConfigError, check_config
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.assembly.run import simulate
+from testbed.app.assembly.validate import ConfigError, check_config
 from testbed.core.request import Request
 from testbed.vllm_backend import VLLMUnavailable
 
@@ -92,7 +92,7 @@ def test_a_horizon_leaves_the_rest_unfinished_and_counted(vllm):
     ["policy=vllm_priority"],
 ])
 def test_referee_against_vllm_native_every_step_identical(vllm, tmp_path, extra):
-    from testbed.app.referee import run_native_referee
+    from testbed.app.analysis.referee import run_native_referee
 
     rep = run_native_referee(config(*LOADED, *extra), tmp_path, "test")
     assert rep["steps_compared"] > 500 and rep["steps_identical"] == rep["steps_compared"], rep["first_divergence"]
@@ -104,7 +104,7 @@ def test_referee_against_vllm_native_every_step_identical(vllm, tmp_path, extra)
 
 def test_referee_with_mooncake_prefix_ids_under_kv_pressure(vllm, tmp_path):
     """The trace's hash ids become vLLM block hashes: both sides hit the same prefix blocks."""
-    from testbed.app.referee import run_native_referee
+    from testbed.app.analysis.referee import run_native_referee
 
     rep = run_native_referee(config("trace=mooncake", "trace.start_s=929.5", "trace.max_requests=150",
                                     "trace.rate_scale=3", "kv.num_blocks=2000"), tmp_path, "test")
@@ -172,12 +172,12 @@ def test_a_stopped_referee_writes_what_it_compared_marked_interrupted(vllm, tmp_
     import contextlib
     import json
 
-    import testbed.app.stop as stop_module
-    from testbed.app.referee import run_native_referee
+    import testbed.app.entry.stop as stop_module
+    from testbed.app.analysis.referee import run_native_referee
 
     calls = []
 
-    def stop() -> bool:  # the flag the first signal raises (app/stop.py), here after 400 looks
+    def stop() -> bool:  # the flag the first signal raises (app/entry/stop.py), here after 400 looks
         calls.append(1)
         return len(calls) > 400
 

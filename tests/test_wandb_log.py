@@ -108,7 +108,7 @@ def test_an_experiments_runs_are_grouped_by_its_name(monkeypatch):
     from omegaconf import OmegaConf
 
     import hydra.core.hydra_config as hc_module
-    from testbed.app.wandb_log import run_identity
+    from testbed.app.reports.wandb_log import run_identity
 
     hc = SimpleNamespace(runtime=SimpleNamespace(choices={"experiment": "policies_vs_load", "policy": "sjf"}),
                          mode=SimpleNamespace(name="MULTIRUN"), sweep=SimpleNamespace(dir="/nonexistent/sweep"),

@@ -4,12 +4,12 @@ Usage:
     python experiments/benchmarks/bit_identity.py --record hashes.json [--max-requests N] [--only SUBSTR ...]
     python experiments/benchmarks/bit_identity.py --check experiments/benchmarks/bit_identity.json
 
-Runs each of `testbed.app.fingerprint.identity_configs` (every policy at 1x and 4x, sixteen replicas at
+Runs each of `testbed.app.analysis.fingerprint.identity_configs` (every policy at 1x and 4x, sixteen replicas at
 16x, Mooncake with prefix ids, sessions, disaggregation, ...) and hashes its summary, per-request and
-per-step tables (`testbed.app.fingerprint`). `--record` writes the hashes; `--check` recomputes them
+per-step tables (`testbed.app.analysis.fingerprint`). `--record` writes the hashes; `--check` recomputes them
 and exits 1 naming every configuration and table that differs. The committed
 `bit_identity.json` was recorded before the issue-15 speed work (commit cfdf3f3, with only the ITL
-mean and std summed over the sorted gaps, the one result decision of that work: testbed/app/metrics.py).
+mean and std summed over the sorted gaps, the one result decision of that work: testbed/app/analysis/metrics.py).
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import time
 
 from hydra import compose, initialize_config_dir
 
-from testbed.app.cli import CONF_DIR
-from testbed.app.fingerprint import identity_configs, result_hashes
-from testbed.app.run import simulate
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.analysis.fingerprint import identity_configs, result_hashes
+from testbed.app.assembly.run import simulate
 
 
 def run_hashes(overrides: list[str]) -> dict[str, str]:

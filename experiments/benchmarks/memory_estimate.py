@@ -1,4 +1,4 @@
-"""Where a simulation's memory goes: the constants of `testbed.app.memory_budget`, measured.
+"""Where a simulation's memory goes: the constants of `testbed.app.assembly.memory_budget`, measured.
 
 Usage: python experiments/benchmarks/memory_estimate.py
 
@@ -24,9 +24,9 @@ import tracemalloc
 
 from hydra import compose, initialize_config_dir
 
-from testbed.app.cli import CONF_DIR
-from testbed.app.run import simulate
-from testbed.app.run_setup import build_requests, build_router, prepare
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.assembly.run import simulate
+from testbed.app.assembly.run_setup import build_requests, build_router, prepare
 from testbed.sim.simulation import Simulation
 from testbed.core.kv import BlockManager
 

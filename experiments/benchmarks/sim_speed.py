@@ -12,8 +12,8 @@ import time
 
 from hydra import compose, initialize_config_dir
 
-from testbed.app.cli import CONF_DIR
-from testbed.app.run import simulate
+from testbed.app.entry.cli import CONF_DIR
+from testbed.app.assembly.run import simulate
 
 
 def main() -> None:

@@ -23,8 +23,8 @@ def time_simulation(overrides: list[str]) -> dict:
     """Run the main command's simulation once in this process; its seconds and what was compiled."""
     from hydra import compose, initialize_config_dir
 
-    from testbed.app import run
-    from testbed.app.cli import CONF_DIR
+    from testbed.app.assembly import run
+    from testbed.app.entry.cli import CONF_DIR
     from testbed.sim import simulation
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):

@@ -31,7 +31,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 DEVICE_PYTHON = (3, 12)
-# not carried: only logger=wandb imports it (testbed/app/wandb_log.py), and the device reaches no W&B server
+# not carried: only logger=wandb imports it (testbed/app/reports/wandb_log.py), and the device reaches no W&B server
 NOT_CARRIED = {"wandb"}
 MAX_BYTES = 16 << 20
 

@@ -76,7 +76,7 @@ stage_setup() {
   "$PY" - <<'EOF' || return 1
 import platform, sys
 import torch, transformers, simpy, hydra, omegaconf, annotated_types, hydra_plugins.hydra_joblib_launcher
-import testbed.app.bench, testbed.app.profile, testbed.app.fidelity  # everything the stages import
+import testbed.app.profiling.bench, testbed.app.profiling.profile, testbed.app.analysis.fidelity  # everything the stages import
 import os
 from pathlib import Path
 site = Path(os.environ["GPU_SITE"])
@@ -116,7 +116,7 @@ stage_tests() {
 stage_bench() {
   local args=(--model "$BENCH_MODEL" --out "$RES/bench.md")
   [ "$DRY" = 1 ] && args+=(--device cpu --dtype float32 --small --repeats 3)
-  "$PY" -m testbed.app.bench "${args[@]}"
+  "$PY" -m testbed.app.profiling.bench "${args[@]}"
 }
 
 stage_physics() {
@@ -144,7 +144,7 @@ stage_profile() {
     "profile.decode_batches=[1,4,16,32]" "profile.decode_contexts=[64,256,512]"
     "profile.mixed_chunks=[64,256]" "profile.mixed_batches=[4,16]" "profile.mixed_contexts=[128]"
     "profile.host_batches=[1,16]")
-  "$PY" -m testbed.app.profile model="$MODEL" scheduler.max_model_len=$MAX_LEN "${grid[@]}" \
+  "$PY" -m testbed.app.profiling.profile model="$MODEL" scheduler.max_model_len=$MAX_LEN "${grid[@]}" \
       profile.out="$RES/profile_$MODEL.csv" hydra.run.dir="$RES/logs/hydra_profile"
 }
 
@@ -156,7 +156,7 @@ stage_fidelity() {
   local args=(trace.max_requests=300 trace.rate_scale=2)
   [ "$DRY" = 1 ] && args=(backend.device=cpu +profile.threads=1 trace.max_requests=20 trace.rate_scale=20
     trace.max_prompt_len=256 trace.max_output_len=32)
-  "$PY" -m testbed.app.fidelity model="$MODEL" policy=vllm trace=azure_conv scheduler.max_model_len=$MAX_LEN \
+  "$PY" -m testbed.app.analysis.fidelity model="$MODEL" policy=vllm trace=azure_conv scheduler.max_model_len=$MAX_LEN \
       cost_model=profile cost_model.profile="$profile" "${args[@]}" output.dir="$dir" hydra.run.dir="$dir"
 }
 

@@ -35,26 +35,26 @@ def workloads(tmp: Path, vllm_python: str | None) -> dict[str, list[str]]:
 
     sweep = tmp / "sweep_for_report"
     jobs = {
-        "testbed-sim": script("testbed-sim", "testbed.app.commands", "sim", "trace.rate_scale=4"),
-        "testbed-sim -m (sweep)": script("testbed-sim", "testbed.app.commands", "sim", "-m",
+        "testbed-sim": script("testbed-sim", "testbed.app.entry.commands", "sim", "trace.rate_scale=4"),
+        "testbed-sim -m (sweep)": script("testbed-sim", "testbed.app.entry.commands", "sim", "-m",
                                          "policy=vllm,sarathi,static", "trace.rate_scale=4",
                                          "hydra/launcher=local_parallel"),
-        "testbed-capacity": script("testbed-capacity", "testbed.app.commands", "capacity"),
-        "testbed-disagg-search": script("testbed-disagg-search", "testbed.app.commands", "disagg_search"),
-        "testbed-profile": script("testbed-profile", "testbed.app.commands", "profile", "model=tiny_llama",
+        "testbed-capacity": script("testbed-capacity", "testbed.app.entry.commands", "capacity"),
+        "testbed-disagg-search": script("testbed-disagg-search", "testbed.app.entry.commands", "disagg_search"),
+        "testbed-profile": script("testbed-profile", "testbed.app.entry.commands", "profile", "model=tiny_llama",
                                   "backend.device=cpu"),
-        "testbed-fidelity": script("testbed-fidelity", "testbed.app.commands", "fidelity", "model=tiny_llama",
+        "testbed-fidelity": script("testbed-fidelity", "testbed.app.entry.commands", "fidelity", "model=tiny_llama",
                                    "backend.device=cpu"),
-        "testbed-validate": script("testbed-validate", "testbed.app.commands", "validate", f"validate.runs=[{RUNS},{RUNS2}]"),
-        "testbed-traces": script("testbed-traces", "testbed.app.commands", "traces", "describe", "-m",
+        "testbed-validate": script("testbed-validate", "testbed.app.entry.commands", "validate", f"validate.runs=[{RUNS},{RUNS2}]"),
+        "testbed-traces": script("testbed-traces", "testbed.app.entry.commands", "traces", "describe", "-m",
                                  "trace=azure_conv,azure_code", "trace.rate_scale=1,2,4"),
-        "testbed-report": script("testbed-report", "testbed.app.commands", "report", str(sweep)),
+        "testbed-report": script("testbed-report", "testbed.app.entry.commands", "report", str(sweep)),
     }
     if vllm_python:
-        jobs["testbed-referee (native)"] = script("testbed-referee", "testbed.app.commands", "referee",
+        jobs["testbed-referee (native)"] = script("testbed-referee", "testbed.app.entry.commands", "referee",
                                                   "referee.reference=vllm_native", python=[vllm_python, "-c"])
         jobs["testbed-referee (real)"] = script(  # real vLLM running a tiny model on this CPU
-            "testbed-referee", "testbed.app.commands", "referee", "model=tiny_llama", "model.head_dim=32",
+            "testbed-referee", "testbed.app.entry.commands", "referee", "model=tiny_llama", "model.head_dim=32",
             "trace.max_requests=400", "trace.max_prompt_len=512", "trace.max_output_len=48",
             "scheduler.max_model_len=1024", python=[vllm_python, "-c"])
     return jobs

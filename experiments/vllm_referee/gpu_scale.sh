@@ -26,7 +26,7 @@ names=("$@")
 for name in "${names[@]}"; do
   args=${RUNS[$name]:?"no run named $name"}
   # shellcheck disable=SC2086
-  OMP_NUM_THREADS=1 $PY -m testbed.app.referee referee.reference=vllm_native $args output.dir="$OUT/$name" \
+  OMP_NUM_THREADS=1 $PY -m testbed.app.analysis.referee referee.reference=vllm_native $args output.dir="$OUT/$name" \
     > "$OUT.$name.log" 2>&1 || { echo "$name failed: $OUT.$name.log"; exit 1; }
   sed -n '1,8p' "$OUT/$name/referee.md"
 done

@@ -2,7 +2,7 @@
 
 A knob written `max_num_seqs: int = bounded(256, ge=1)` carries its range as field metadata
 (an `annotated_types.Interval`, the vocabulary pydantic and friends read), so that one
-function can range-check a whole config at start (`testbed.app.validate`), a dataclass can
+function can range-check a whole config at start (`testbed.app.assembly.validate`), a dataclass can
 check its own instance (`check_ranges`), and a test can list every numeric key and whether
 it declares a range. `None` is always allowed where the field's type allows it: there it
 means "auto" or "off", as the field's comment says. List values are checked item by item.

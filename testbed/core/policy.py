@@ -70,7 +70,7 @@ def register(cls: type) -> type:
 def registered() -> dict[str, type]:
     """The policies registered so far. The core loads none itself: importing `testbed.policies`
     registers the bundled ones, and the application also loads those of the `testbed.policies`
-    entry point group (`testbed.app.plugins`)."""
+    entry point group (`testbed.app.assembly.plugins`)."""
     return _POLICIES.registered()
 
 

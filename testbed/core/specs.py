@@ -82,7 +82,7 @@ class ModelSpec:
     moe_intermediate_size: Optional[int] = bounded(None, ge=1)
     shared_expert_intermediate_size: int = bounded(0, ge=0)
     # a local Hugging Face config.json (file or folder; nothing is downloaded): its shapes replace the
-    # ones above (testbed.core.specs.apply_config_json, via testbed.app.run_setup.resolve_model_spec)
+    # ones above (testbed.core.specs.apply_config_json, via testbed.app.assembly.run_setup.resolve_model_spec)
     config_json: Optional[str] = None
     # the linear layers' (and MoE experts') weight format, vLLM's --quantization: null or auto (`dtype`),
     # bfloat16 (bf16), float16, fp8 (W8A8 on GPUs with fp8 tensor cores, else weight-only Marlin), int4

@@ -8,23 +8,43 @@ preempting it give back) with the same arithmetic the loop will apply.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from testbed.core.cost import BatchShape
+from testbed.core.cost import BatchShape, CostModel
 from testbed.core.request import RequestState, Status
 
 _RUNNING = Status.RUNNING
 
 if TYPE_CHECKING:
-    from testbed.core.kv import KVPreview
-    from testbed.core.loop import StepLoop
+    from testbed.core.kv import BlockManager, KVPreview
     from testbed.core.plan import Plan
+
+
+class Limits(Protocol):
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+
+
+class LoopState(Protocol):
+    """What the view reads of the loop that builds it (`core/loop.py`'s `StepLoop`). Named here, not
+    imported from there, so that the loop imports the view and the view nothing of the loop: no two
+    files import each other, not even for an annotation."""
+
+    kv: "BlockManager"
+    limits: Limits
+    waiting: list[RequestState]
+    running: list[RequestState]
+    num_steps: int
+    cost_model: CostModel | None
+
+    def shape_of(self, items: list[tuple[RequestState, int]]) -> BatchShape: ...
 
 
 class SchedulerView:
     __slots__ = ("_loop", "_kv", "now")
 
-    def __init__(self, loop: "StepLoop"):
+    def __init__(self, loop: LoopState):
         self._loop = loop
         self._kv = loop.kv
         self.now = 0.0

@@ -1,6 +1,6 @@
 """Profile the engine: measured step times over a grid of batch shapes, for the fitted cost model.
 
-The measuring half of `testbed-profile` (`testbed.app.profile` is the entry point that builds
+The measuring half of `testbed-profile` (`testbed.app.profiling.profile` is the entry point that builds
 the engine from a config, walks the grid and fits a cost model to the file).
 
 Every point is a batch built the way the step loop builds one (`RequestState`s holding KV

@@ -1,7 +1,7 @@
 """The bundled batching policies. Every module in this package is imported here, and the
 `@register` decorator in each makes its policy selectable as `policy=<name>`: adding a
 policy is adding a module (and its `testbed/conf/policy/<name>.yaml`). The core never imports
-this package; the application does (`testbed.app.plugins`), together with the policies that
+this package; the application does (`testbed.app.assembly.plugins`), together with the policies that
 other installed packages declare in the `testbed.policies` entry point group."""
 import importlib
 import pkgutil

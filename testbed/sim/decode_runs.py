@@ -17,7 +17,7 @@ rule, replayed over the arrivals delivered while it ran (`DeliveryLog`), without
 - where a cut ends the run: the end of the old window in flight at the arrival (`cut`).
 Ties (a step ending exactly when an arrival comes) are ordered as SimPy ordered the old events:
 by time, then by when each was scheduled. (The order in which the inter-token gaps are recorded
-differs, which no result shows: the summary sums them sorted, testbed/app/metrics.py `_stats`.)
+differs, which no result shows: the summary sums them sorted, testbed/app/analysis/metrics.py `_stats`.)
 
 A run is deferred only where every step end lies within twice its start (Sterbenz: then the
 difference of any two of its times is exact, so a clock moved from any time in the run to any later

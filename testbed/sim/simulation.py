@@ -63,7 +63,7 @@ class Simulation:
         if replicas < 1:
             raise ValueError(f"sim.replicas={replicas}: must be >= 1")
         if router is None and replicas > 1:
-            raise ValueError(f"backend.replicas={replicas}: several replicas need a router (testbed.app.run_setup.build_router)")
+            raise ValueError(f"backend.replicas={replicas}: several replicas need a router (testbed.app.assembly.run_setup.build_router)")
         if horizon_s is not None and horizon_s <= 0:
             raise ValueError(f"sim.horizon_s={horizon_s}: must be > 0 (or null for no horizon)")
         self.requests = requests

@@ -5,7 +5,7 @@ mean rate load a server very differently when one sends its requests in bursts, 
 cache can only win what the trace repeats. These are the numbers workload characterisations
 quote (ServeGen, for one, publishes rate and the CV of gaps per 600-s window), computed here on
 the exact request list a run would replay, after its transforms. Pure functions of ``list[Request]``; the command that
-loads, prints, plots and writes them is `testbed.app.traces`.
+loads, prints, plots and writes them is `testbed.app.analysis.traces`.
 
 Definitions (each a statement about the requests in arrival order):
 

@@ -42,7 +42,7 @@ from testbed.traces.errors import TraceError
 
 # pyarrow, while it reads or writes (here, and pandas' parquet files), takes SIGINT for itself and cancels the
 # operation (ArrowCancelled): a sweep job stopped by Ctrl-C lost its results mid-write. A signal is the command's
-# (testbed/app/stop.py: it stops at a step's end and writes what it has), so pyarrow's handler is off.
+# (testbed/app/entry/stop.py: it stops at a step's end and writes what it has), so pyarrow's handler is off.
 pa.enable_signal_handlers(False)
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}  # file suffix -> pyarrow codec

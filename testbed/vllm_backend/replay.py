@@ -4,7 +4,7 @@ Arrivals are handed to vLLM (`add_request`) when the wall clock passes their tra
 `engine.step()` runs one scheduler step and one forward; a token's time is when the step
 that produced it returned. Each request is a `RequestState` (status, first scheduled,
 token times, preemptions, prefix hits) and each step a row of a `StepSeries`, from the
-scheduler's log, so `testbed.app.run_setup.finish()` turns a vLLM run into the same files as the
+scheduler's log, so `testbed.app.assembly.run_setup.finish()` turns a vLLM run into the same files as the
 simulator's and the engine's. Every output length is fixed: max_tokens = min_tokens =
 output_len with ignore_eos, greedy.
 

@@ -1,0 +1,239 @@
+"""Fitting config keys to real runs by least squares, in as few replays as the fit allows (`validate.fit`).
+
+Why: a residual is one replay of one run (seconds to a minute of simulation), so a fit's cost is the
+number of replays it asks for, and a leave-one-model-out validation makes one fit per model besides the
+fit on all. Two things keep that number down without changing what is fitted:
+
+- `Replays` runs each (run, values) once per command. A run's residuals depend only on the values it
+  is replayed with, never on which other runs share the fit, so the fits of a leave-one-model-out
+  validation share every replay they have in common: all of them start from the config's values and
+  take the same finite-difference steps there, so the Jacobian at the start is simulated once for all
+  of them, and the fitted values' replays are reused when the runs are scored.
+- `fit` linearises once: a finite-difference Jacobian at the start (one replay of every run per key),
+  then each step costs one replay of every run and updates the Jacobian from what the step showed
+  (Broyden's rank-one update), a fresh finite-difference Jacobian being taken only when a step fails to
+  lower the squared error. `validate.fit_method=newton` takes a fresh Jacobian at every step instead
+  (Gauss-Newton, what the fit did before: one replay of every run per key and step more).
+
+Every step is bounded (each key >= 0) and only a step that lowers the squared relative error is taken,
+so the result is the best point the fit replayed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Generator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from testbed.app.analysis.real_runs import RealRun
+from testbed.app.analysis.validate_replay import FIT_METRICS, RunReplay, scored, simulate_run
+
+log = logging.getLogger("testbed.app.analysis.validate_fit")
+FIT_METHODS = ("broyden", "newton")
+
+
+def _values_key(values: dict[str, float] | None) -> tuple:
+    return tuple(sorted((k, float(v)) for k, v in (values or {}).items()))
+
+
+class ReplaysStopped(Exception):
+    """`stop()` turned true (a signal, app/entry/stop.py): the replays asked for, those done (None: not done)."""
+
+    def __init__(self, done: list[RunReplay | None]):
+        super().__init__(f"stopped with {sum(r is not None for r in done)} of {len(done)} replays done")
+        self.done = done
+
+
+class Replays:
+    """The replays of one command, each (run, values) simulated once (`validate.jobs` processes, one
+    pool kept for the whole command so that its workers' caches stay warm). `stop()` turning true ends
+    `get` with ReplaysStopped, the replays finished so far in it: the pool's replays are not awaited
+    (`close` kills its workers), a replay in this process ends at its next step."""
+
+    def __init__(self, cfg: DictConfig, stop: Callable[[], bool] | None = None):
+        self.cfg = cfg
+        self.stop = stop or (lambda: False)
+        self.jobs = cfg.validate.jobs or os.cpu_count() or 1
+        self._done: dict[tuple, RunReplay] = {}
+        self._pool: ProcessPoolExecutor | None = None
+        self.simulated = 0  # replays run (the rest were found done)
+        self.asked = 0
+
+    def get(self, asks: list[tuple[RealRun, dict[str, float] | None]]) -> list[RunReplay]:
+        """Each (run, values)'s replay, in order; the ones not yet done are simulated together, the
+        costliest first (so that no worker is left with a long run at the end)."""
+        keys = [(str(run.path), _values_key(values)) for run, values in asks]
+        todo: dict[tuple, tuple[RealRun, dict | None]] = {}
+        for key, ask in zip(keys, asks):
+            if key not in self._done and key not in todo:
+                todo[key] = ask
+        self.asked += len(asks)
+        if todo:
+            order = sorted(todo, key=lambda k: -_cost(todo[k][0]))
+            runs = [todo[k][0] for k in order]
+            values = [todo[k][1] for k in order]
+            done = self._in_process(runs, values) if self.jobs <= 1 or len(order) == 1 else self._in_pool(runs, values)
+            self._done.update((k, r) for k, r in zip(order, done) if r is not None)
+            self.simulated += sum(r is not None for r in done)
+            if any(r is None for r in done):
+                raise ReplaysStopped([self._done.get(k) for k in keys])
+        return [self._done[k] for k in keys]
+
+    def _in_process(self, runs: list[RealRun], values: list) -> list[RunReplay | None]:
+        done: list[RunReplay | None] = []
+        for r, v in zip(runs, values):
+            done.append(None if self.stop() else simulate_run(self.cfg, r, v, self.stop))
+        return done
+
+    def _in_pool(self, runs: list[RealRun], values: list) -> list[RunReplay | None]:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.jobs, initializer=_pool_worker, initargs=(os.getpid(),))
+        futures = [self._pool.submit(simulate_run, self.cfg, r, v) for r, v in zip(runs, values)]
+        pending = set(futures)
+        while pending and not self.stop():  # (the timeout: a signal's flag is looked at between results)
+            pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED).not_done
+        return [f.result() if f.done() and not f.cancelled() else None for f in futures]
+
+    def close(self) -> None:
+        """The pool's end; after a signal (`stop`), at once: its replays are dropped, not awaited."""
+        if self._pool is not None:
+            if self.stop():
+                workers = list((getattr(self._pool, "_processes", None) or {}).values())
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                for w in workers:
+                    w.kill()
+            else:
+                self._pool.shutdown()
+            self._pool = None
+
+
+def _pool_worker(parent: int) -> None:
+    """A replay worker leaves SIGINT and SIGTERM to the command (which ends it), and dies with it."""
+    import signal
+
+    from testbed.app.entry.stop import SIGNALS, die_with_parent
+
+    for s in SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    die_with_parent(parent)
+
+
+def _cost(run: RealRun) -> float:
+    """A replay's relative cost: requests x output tokens (an overloaded stage's queue costs more)."""
+    return sum(s.num_requests * (3 if s.overloaded else 1) for s in run.stages) * run.workload.output_len
+
+
+def fit_runs(runs: list[RealRun]) -> list[RealRun]:
+    """The runs a fit replays: those with a scored stage (an all-overloaded run has no residual)."""
+    return [r for r in runs if not all(s.overloaded for s in r.stages)]
+
+
+def residuals(replays: list[RunReplay]) -> np.ndarray:
+    """Relative errors of the scored stages' FIT_METRICS, in order. A stage the simulation finished no
+    request of (its figures NaN) counts as missed by 100%."""
+    r = np.array([s.error(m) for rr in replays for s in scored(rr.stages) for m in FIT_METRICS], dtype=float)
+    return np.nan_to_num(r, nan=1.0)
+
+
+@dataclass
+class FitResult:
+    values: dict[str, float]
+    cost: float  # sum of squared residuals at `values`
+    start_cost: float
+    steps: int = 0  # steps taken
+    jacobians: int = 0  # finite-difference Jacobians taken
+    history: list = field(default_factory=list)  # (values, cost) of every step tried
+
+
+Asks = list[tuple[RealRun, dict[str, float]]]
+
+
+def fit(cfg: DictConfig, replays: Replays, runs: list[RealRun], keys: list[str]) -> FitResult:
+    """One fit (`fit_steps`) driven to its end."""
+    return run_fits(replays, [fit_steps(cfg, runs, keys)])[0]
+
+
+def run_fits(replays: Replays, fits: list[Generator[Asks, list[RunReplay], FitResult]]) -> list[FitResult]:
+    """Several fits driven in lockstep: each round, the replays every unfinished fit asks for are run in
+    one batch (so that the workers are never left waiting on one fit's last run, and replays asked by
+    two fits at once run once)."""
+    results: list[FitResult | None] = [None] * len(fits)
+    pending: dict[int, Asks] = {}
+    for i, f in enumerate(fits):
+        pending[i] = next(f)  # a fit always asks for its starting point first
+    while pending:
+        got = replays.get([ask for asks in pending.values() for ask in asks])
+        at, after = 0, {}
+        for i, asks in pending.items():
+            part, at = got[at:at + len(asks)], at + len(asks)
+            try:
+                after[i] = fits[i].send(part)
+            except StopIteration as done:
+                results[i] = done.value
+        pending = after
+    return results  # type: ignore[return-value]
+
+
+def fit_steps(cfg: DictConfig, runs: list[RealRun], keys: list[str]) -> Generator[Asks, list[RunReplay], FitResult]:
+    """The keys (each >= 0, from the config's values) that minimise the squared relative errors of
+    FIT_METRICS over the scored stages of `runs`: at most `validate.fit_iterations` steps, each from
+    the bounded linear least-squares problem of the current Jacobian. A generator: it yields the
+    (run, values) replays it needs and is sent them back (`run_fits`)."""
+    from scipy.optimize import lsq_linear
+
+    vc = cfg.validate
+    if vc.fit_method not in FIT_METHODS:
+        raise ValueError(f"validate.fit_method={vc.fit_method!r}: expected one of {', '.join(FIT_METHODS)}")
+    runs = fit_runs(runs)
+    x = np.array([float(OmegaConf.select(cfg, k)) for k in keys])
+    scale = np.where(x > 0, x, 1e-3)  # the keys' units differ by orders: steps are solved for x / scale
+
+    def resid(points: list[np.ndarray]):
+        got = yield [(run, dict(zip(keys, p.tolist()))) for p in points for run in runs]
+        return [residuals(got[i * len(runs):(i + 1) * len(runs)]) for i in range(len(points))]
+
+    def jacobian(x: np.ndarray, r: np.ndarray):
+        """d residuals / d (x / scale) by forward differences, every key's replays in one batch."""
+        # relative to the key's value, but never below a tenth of its starting scale (1e-5 for a key that
+        # starts at 0): a key fitted down to ~0 would otherwise be differenced over a rounding error
+        steps = vc.fit_step * np.maximum(np.abs(x), 0.1 * scale)
+        moved = yield from resid([x + np.eye(len(x))[i] * steps[i] for i in range(len(x))])
+        return np.column_stack([(ri - r) / steps[i] for i, ri in enumerate(moved)]) * scale
+
+    r, = yield from resid([x])
+    out = FitResult({}, float(r @ r), float(r @ r))
+    jac, fresh, shrink, dz = None, False, 1.0, None
+    for _ in range(vc.fit_iterations):
+        if jac is None or (vc.fit_method == "newton" and not fresh):
+            jac, fresh = (yield from jacobian(x, r)), True
+            out.jacobians += 1
+        if shrink == 1.0:
+            dz = lsq_linear(jac, -r, bounds=(-x / scale, np.inf)).x
+        step = dz * shrink  # a shorter step stays within the bounds (x and x + dz are)
+        if np.max(np.abs(step)) < vc.fit_tolerance:
+            log.info("validate: converged (no key moves by %g of its scale)", vc.fit_tolerance)
+            break
+        x_new = np.maximum(x + step * scale, 0.0)
+        r_new, = yield from resid([x_new])
+        cost, new_cost = float(r @ r), float(r_new @ r_new)
+        out.history.append((dict(zip(keys, x_new.tolist())), new_cost))
+        log.info("validate: step to %s: squared error %.5g -> %.5g", dict(zip(keys, x_new.round(8))), cost, new_cost)
+        if new_cost < cost:
+            step = (x_new - x) / scale
+            jac = jac + np.outer(r_new - r - jac @ step, step) / (step @ step)  # Broyden: the secant along the step
+            x, r, fresh, shrink = x_new, r_new, False, 1.0
+            out.steps += 1
+        elif not fresh:  # the updated Jacobian misled the step: take a fresh one here and try again
+            jac, fresh = (yield from jacobian(x, r)), True
+            out.jacobians += 1
+        elif shrink > 1 / 8:  # a fresh linearisation's step overshoots: try half of it
+            shrink /= 2
+        else:  # nor does an eighth of it lower the error: x is the fit
+            break
+    out.values, out.cost = dict(zip(keys, x.tolist())), float(r @ r)
+    return out
