@@ -24,6 +24,7 @@ ARGS = {  # what each script would do, were it not stopped at once
     "testbed-referee": ["policy=vllm"],
     "testbed-validate": ["validate.runs=no_such_runs"],
     "testbed-traces": ["describe", "trace.max_requests=50"],
+    "testbed-vllm-bench": [str(Path(__file__).parent / "data" / "vllm_bench_serve_random.json"), "--seed", "42"],
 }
 
 

@@ -79,20 +79,44 @@ def run(cfg: DictConfig, stop: Callable[[], bool] | None = None):
 def _run_and_write(cfg: DictConfig) -> tuple[dict, int | None]:
     """Run, write the results, print the table: the summary, and the signal that stopped the
     run early (SIGINT/SIGTERM: the step under way finishes, the finished requests are written)."""
-    from testbed.app.results import format_table, write_results
-    from testbed.app.run import run_info
-
     with stop_on_signals() as stop:
-        result = run(cfg, stop)
-        if HydraConfig.initialized():  # the policy's config name tells variants of one policy apart
-            result.summary["policy_config"] = HydraConfig.get().runtime.choices.get("policy", cfg.policy.name)
-        out = write_results(cfg.output.dir, result.requests, result.steps if cfg.output.write_steps else None,
-                            result.summary, OmegaConf.to_yaml(cfg, resolve=True), run_info(result))
-    if cfg.logger.name == "wandb":
+        result = run_job(cfg, stop)
+        out = write_run(cfg, result)
+    report_run(cfg, result, out)
+    return result.summary, stop.signum
+
+
+def run_job(cfg: DictConfig, stop: Callable[[], bool] | None = None):
+    """`run`, with the summary naming the policy's config (a RunResult). The CLI and the Python API
+    (testbed/api.py) both run through here, so that one config gives them one summary."""
+    result = run(cfg, stop)
+    if HydraConfig.initialized():  # the policy's config name tells variants of one policy apart
+        result.summary["policy_config"] = HydraConfig.get().runtime.choices.get("policy", cfg.policy.name)
+    return result
+
+
+def write_run(cfg: DictConfig, result) -> Path:
+    """The run's files in `output.dir` (app/results.py), the same whichever door the run came in by."""
+    from testbed.app.results import write_results
+    from testbed.app.run import run_info
+    from testbed.app.vllm_bench_format import write_vllm_bench
+
+    out = write_results(cfg.output.dir, result.requests, result.steps if cfg.output.write_steps else None,
+                        result.summary, OmegaConf.to_yaml(cfg, resolve=True), run_info(result))
+    write_vllm_bench(out, result.requests, result.summary, cfg)  # the same run in `vllm bench serve`'s keys
+    return out
+
+
+def report_run(cfg: DictConfig, result, out: Path | None, print_table: bool | None = None) -> None:
+    """What follows a run: its W&B log (where `out` holds its files) and its table on stdout
+    (`print_table`, None: `output.print_table`)."""
+    from testbed.app.results import format_table
+
+    if cfg.logger.name == "wandb" and out is not None:
         from testbed.app.wandb_log import log_to_wandb
 
         log_to_wandb(cfg, result, out)
-    if cfg.output.print_table:
+    if cfg.output.print_table if print_table is None else print_table:
         where = (f"{cfg.hardware.name}, {result.summary.get('cost_model', cfg.cost_model.name)}" if cfg.backend.name == "sim"
                  else f"vLLM {result.summary.get('vllm_version')} ({cfg.backend.scheduler} scheduler) on "
                       f"{result.summary.get('device')}" if cfg.backend.name == "vllm"
@@ -106,8 +130,18 @@ def _run_and_write(cfg: DictConfig) -> tuple[dict, int | None]:
             print(line(result.summary))
         print(format_table(result.summary))
         what = {"sim": "simulated", "vllm": "replayed on vLLM"}.get(cfg.backend.name, "replayed on the engine")
-        print(f"results: {out}  ({what} in {result.wall_s:.2f} s wall)")
-    return result.summary, stop.signum
+        print(f"results: {out if out is not None else 'not written'}  ({what} in {result.wall_s:.2f} s wall)")
+
+
+def incomplete(cfg: DictConfig, summary: dict, signum: int | None) -> tuple[str, int] | None:
+    """Why a run is not complete (interrupted or stalled) and its command's exit code, or None."""
+    if summary.get("interrupted"):
+        return (f"interrupted by {signal_name(signum)}: the results of finished requests are in "
+                f"{cfg.output.dir}, the others are marked unfinished"), exit_code(signum)
+    if summary.get("stalled"):
+        return (f"stalled: policy {cfg.policy.name!r} scheduled nothing while {summary['unfinished']} requests "
+                f"were left and no arrivals were to come; they are marked unfinished in {cfg.output.dir}"), STALLED_EXIT
+    return None
 
 
 def _verdict(cfg: DictConfig, summary: dict, signum: int | None) -> dict:
@@ -115,16 +149,10 @@ def _verdict(cfg: DictConfig, summary: dict, signum: int | None) -> dict:
     the signal or STALLED_EXIT (a single run), or raises RunNotComplete (a sweep job: Hydra
     records it as failed, the other jobs go on, and the sweep exits non-zero at the end), unless
     the whole sweep was stopped (app/sweep_signals.py): then its command exits 128 + the signal."""
-    if summary.get("interrupted"):
-        message = (f"interrupted by {signal_name(signum)}: the results of finished requests are in "
-                   f"{cfg.output.dir}, the others are marked unfinished")
-        code = exit_code(signum)
-    elif summary.get("stalled"):
-        message = (f"stalled: policy {cfg.policy.name!r} scheduled nothing while {summary['unfinished']} requests "
-                   f"were left and no arrivals were to come; they are marked unfinished in {cfg.output.dir}")
-        code = STALLED_EXIT
-    else:
+    why = incomplete(cfg, summary, signum)
+    if why is None:
         return summary
+    message, code = why
     from testbed.app.results import RunNotComplete
     from testbed.app.run_setup import in_multirun
 

@@ -44,3 +44,7 @@ def validate() -> int | None:
 
 def traces() -> int | None:
     return run_command("testbed.app.traces", "main", "testbed-traces")
+
+
+def vllm_bench() -> int | None:
+    return run_command("testbed.app.vllm_bench", "main", "testbed-vllm-bench")

@@ -58,20 +58,29 @@ def collect(sweep_dir: str | Path) -> pd.DataFrame:
                       if (job / "capacity.json").exists() else
                       f"interrupted: not started (the sweep was stopped by {signal_name(signum)})" if signum else
                       "failed: no results (its process ended early)")
-        row = {"job": job.relative_to(root).as_posix(), "status": status}
         overrides = job / ".hydra" / "overrides.yaml"
-        if overrides.exists():
-            row["overrides"] = " ".join(yaml.safe_load(overrides.read_text()) or [])
         config = job / "config.yaml" if (job / "config.yaml").exists() else job / ".hydra" / "config.yaml"
-        if config.exists():  # what a job that failed before writing a summary was
-            cfg = yaml.safe_load(config.read_text()) or {}
-            row.update(policy=cfg.get("policy", {}).get("name"), trace=cfg.get("trace", {}).get("name"),
-                       rate_scale=cfg.get("trace", {}).get("rate_scale"))
         summary = job / "capacity.json" if (job / "capacity.json").exists() else job / "summary.json"
-        if summary.exists():
-            row.update({k: v for k, v in json.loads(summary.read_text()).items() if not isinstance(v, (dict, list))})
-        rows.append(row)
+        rows.append(job_row(job.relative_to(root).as_posix(), status,
+                            yaml.safe_load(overrides.read_text()) or [] if overrides.exists() else None,
+                            yaml.safe_load(config.read_text()) or {} if config.exists() else None,
+                            json.loads(summary.read_text()) if summary.exists() else None))
     return pd.DataFrame(rows)
+
+
+def job_row(job: str, status: str, overrides: list[str] | None, config: dict | None, summary: dict | None) -> dict:
+    """One job's row of the sweep table: its folder, status and overrides, what its config ran (a job that
+    failed before writing a summary still says), and its summary's scalars. The Python API's sweep
+    (testbed/api.py) builds its rows here too, so that both tables have the same columns."""
+    row = {"job": job, "status": status}
+    if overrides is not None:
+        row["overrides"] = " ".join(overrides)
+    if config is not None:
+        row.update(policy=config.get("policy", {}).get("name"), trace=config.get("trace", {}).get("name"),
+                   rate_scale=config.get("trace", {}).get("rate_scale"))
+    if summary is not None:
+        row.update({k: v for k, v in summary.items() if not isinstance(v, (dict, list))})
+    return row
 
 
 def _job_folders(root: Path) -> list[Path]:
