@@ -93,7 +93,7 @@ def build_requests(tc: DictConfig, seed: int, notes: dict | None = None
             if tc.format in traces.formats.SOURCES:
                 raise ValueError(traces.missing_path(tc.format) + " (trace.kind=file)")
             raise ValueError(f"trace.path is required when trace.kind=file (trace={tc.name} bundles no file: "
-                             f"pass trace.path=/path/to/the/file; README 'Bundled traces' says where to get it)")
+                             f"pass trace.path=/path/to/the/file; docs/traces.md says where to get it)")
         load = traces.load_trace(tc.path, tc.format, columns=dict(tc.columns) or None,
                                  time_unit=tc.time_unit, lenient=tc.lenient, start_s=tc.start_s, end_s=tc.end_s,
                                  max_requests=tc.max_requests, row_filter=dict(tc.get("row_filter") or {}) or None)
