@@ -40,7 +40,7 @@ def test_lenient_run_of_only_bad_rows_exits_0_with_results_that_count_them(tmp_p
 
     # strict: the first bad row stops the load, naming it
     strict = run_sim(tmp_path, f"trace.path={bad}", f"output.dir={tmp_path / 'strict'}")
-    assert strict.returncode == 2, strict.stdout[-2000:]  # a user error (app/user_errors.py)
+    assert strict.returncode == 2, strict.stdout[-2000:]  # a user error (app/entry/user_errors.py)
     assert "bad.csv:2: field 'TIMESTAMP': unparseable time 'x'" in strict.stderr and not (tmp_path / "strict" / "summary.json").exists()
 
     # a sweep holding such a run: its merged table and testbed-report take it

@@ -72,7 +72,7 @@ def check_config(cfg: DictConfig, backend: str | None = None) -> None:
 
 def schema_choices() -> list[str]:
     """A group option named `*_schema` on the command line (`policy=edf_schema`): a schema registered for
-    the configs of its group to name (app/config.py), which Hydra offers among the options but which is
+    the configs of its group to name (app/assembly/config.py), which Hydra offers among the options but which is
     no config: it would run with its dataclass defaults, not the ones a config file sets."""
     from hydra.core.hydra_config import HydraConfig
 

@@ -43,7 +43,7 @@ def main(cfg: DictConfig) -> dict:
 
     done = _finished_before(cfg, inputs)
     if done is not None:
-        if in_multirun():  # the sweep's line for this job says so (app/sweep_progress.py)
+        if in_multirun():  # the sweep's line for this job says so (app/reports/sweep_progress.py)
             return {**done, "skipped": True}
         print(f"skipped: {cfg.output.dir} already holds the results of this exact config and its input files")
         return done
@@ -84,7 +84,7 @@ def run_job(cfg: DictConfig, stop: Callable[[], bool] | None = None):
 
 
 def write_run(cfg: DictConfig, result) -> Path:
-    """The run's files in `output.dir` (app/results.py), the same whichever door the run came in by."""
+    """The run's files in `output.dir` (app/analysis/results.py), the same whichever door the run came in by."""
     from testbed.app.analysis.results import write_results
     from testbed.app.assembly.run import run_info
     from testbed.app.analysis.vllm_bench_format import write_vllm_bench
@@ -108,7 +108,7 @@ def report_run(cfg: DictConfig, result, out: Path | None, print_table: bool | No
         run_dir = log_to_wandb(cfg, result, out)
         if run_dir is not None and not in_multirun():  # (a sweep says it once, for all its jobs)
             print(sync_hint([run_dir]))
-    # a sweep job's table is its one line (app/sweep_progress.py)
+    # a sweep job's table is its one line (app/reports/sweep_progress.py)
     if (cfg.output.print_table if print_table is None else print_table) and not in_multirun():
         where = (f"{cfg.hardware.name}, {result.summary.get('cost_model', cfg.cost_model.name)}" if cfg.backend.name == "sim"
                  else f"vLLM {result.summary.get('vllm_version')} ({cfg.backend.scheduler} scheduler) on "
@@ -141,7 +141,7 @@ def _verdict(cfg: DictConfig, summary: dict, signum: int | None) -> dict:
     """The summary of a complete run. An interrupted or stalled one says so and exits 128 +
     the signal or STALLED_EXIT (a single run), or raises RunNotComplete (a sweep job: Hydra
     records it as failed, the other jobs go on, and the sweep exits non-zero at the end), unless
-    the whole sweep was stopped (app/sweep_signals.py): then its command exits 128 + the signal."""
+    the whole sweep was stopped (app/entry/sweep_signals.py): then its command exits 128 + the signal."""
     why = incomplete(cfg, summary, signum)
     if why is None:
         return summary

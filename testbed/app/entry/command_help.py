@@ -1,8 +1,8 @@
 """`--help` of the Hydra console scripts: what the command does, how it is called, and the options it offers.
 
 Hydra's own help opens with "<app> is powered by Hydra", lists every config group's options (the
-`*_schema` nodes that app/config.py registers for the config files to name among them, which are no
-options: app/validate.py `schema_choices` refuses them) and dumps the whole config. Every Hydra command
+`*_schema` nodes that app/assembly/config.py registers for the config files to name among them, which are no
+options: app/assembly/validate.py `schema_choices` refuses them) and dumps the whole config. Every Hydra command
 of the testbed composes the same conf/config.yaml, whose `hydra.help.template` is `${testbed_help:}`:
 this module's `template`, which knows the command from `stop.command_name()` (set by the console script
 before it imports Hydra) and reads the options from the conf/ folder itself.

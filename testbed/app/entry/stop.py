@@ -192,7 +192,7 @@ def command_name() -> str | None:
 def run_command(module: str, function: str, name: str) -> int | None:
     """The console script `name`: `module.function()` under the signal handlers, imports included. A
     signal ends it with 128 + its number, no traceback, whatever the command had written kept; a user
-    error (app/user_errors.py) with its message and exit 2."""
+    error (app/entry/user_errors.py) with its message and exit 2."""
     global _command
     _command = name
     with _handlers() as h, user_errors.errors_raised() as full_error:

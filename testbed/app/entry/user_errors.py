@@ -2,7 +2,7 @@
 
 A bad key or value, a bad trace row, a missing file or a config that cannot run is the user's mistake:
 a traceback above its message only hides the message, and exit 1 reads like a crash. So every console
-script (`app/commands.py`, through `stop.run_command`) ends such an error with its message alone and
+script (`app/entry/commands.py`, through `stop.run_command`) ends such an error with its message alone and
 exit 2 (as argparse does for a bad argument), and lets every other exception, a bug, raise with its
 whole traceback. The line is drawn by exception type, named here by qualified name so that this module
 imports nothing: it runs before the commands' imports, and a type whose module was never imported

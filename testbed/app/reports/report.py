@@ -4,7 +4,7 @@ For people who do not want W&B, and for a paper: latency percentiles, goodput an
 the offered request rate (a panel per trace, and per family of policies beyond eight series, with the
 SLO's thresholds drawn), latency CDFs at one load, an interactive latency-vs-load figure with a series
 selector, and a table that fits the page. The header names what produced the numbers (model, GPU, cost
-model, trace, SLO, commit: app/report_sweep.py) and the overrides every job shared, so that the labels
+model, trace, SLO, commit: app/reports/report_sweep.py) and the overrides every job shared, so that the labels
 name only what was swept. PNGs are written beside the page and embedded in it, so the page can be mailed
 or opened from anywhere.
 

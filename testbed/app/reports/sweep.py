@@ -6,7 +6,7 @@ that killed its process; see `app/entry/isolated.py`), and gathers every job fol
 overrides that made it and its status (ok / failed: why / interrupted / stalled), into
 `sweep_summary.csv` (and `.parquet`) at the sweep's root, and prints the headline columns in one
 table (rich, one format per column, within 120 columns). While the jobs run, the command shows a bar
-across them and one line per job as it ends (`app/sweep_progress.py`); a job prints no table of its own.
+across them and one line per job as it ends (`app/reports/sweep_progress.py`); a job prints no table of its own.
 
 Hydra calls `on_multirun_end` only when every job succeeded: when one failed, its sweeper
 raises after the batch has run (and exits 1). So the table is also written when the process

@@ -30,11 +30,11 @@ def wandb_mode(requested: str | None) -> str:
 
 
 def run_identity(cfg: DictConfig) -> tuple[str, str]:
-    """(group, name). The group is what the runs compare within: the experiment's name (`+experiment=`),
+    """(group, name). The group is what the runs compare within: the experiment's name (`experiment=`),
     else the policy and the trace, less whichever the sweep varies (a sweep over policies on azure_conv:
     `azure_conv`), so that reruns of one study land in one group (a sweep folder's clock time did not).
     The name is the job's swept values only (`policy=vllm,trace.rate_scale=2`, from the sweep's plan,
-    app/sweep_progress.py), not every override (`logger=wandb` named every run)."""
+    app/reports/sweep_progress.py), not every override (`logger=wandb` named every run)."""
     from hydra.core.hydra_config import HydraConfig
 
     from testbed.app.reports.sweep_progress import read_plan, swept_values
