@@ -31,7 +31,7 @@ SKIP = re.compile(r"^<!--\s*docs-test:\s*skip\s*\((?P<why>.+)\)\s*-->\s*$")
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\s*$")
 # commands that replay a trace and so take the request cap
 CAPPED = re.compile(r"^(?:\S+=\S+\s+)*(?:testbed-(?:sim|capacity|disagg-search|fidelity|referee|traces)\b"
-                    r"|\S*python3?\s+-m\s+testbed(?:\s|$)|\S*python3?\s+-m\s+testbed\.app\.(?:fidelity|referee|traces)\b)")
+                    r"|\S*python3?\s+-m\s+testbed(?:\s|$)|\S*python3?\s+-m\s+testbed\.app\.analysis\.(?:fidelity|referee|traces)\b)")
 
 
 @dataclass
@@ -181,6 +181,7 @@ def test_capping():
     assert capped("testbed-report multirun/demo") == "testbed-report multirun/demo"
     assert capped("python -m testbed.app.profiling.bench --out x.md") == "python -m testbed.app.profiling.bench --out x.md"
     assert capped("HF_HUB_OFFLINE=1 python -m testbed backend=vllm").endswith(f"trace.max_requests={TRACE_CAP}")
+    assert capped("python -m testbed.app.analysis.fidelity cost_model=profile").endswith(f"trace.max_requests={TRACE_CAP}")
     assert "echo '# x'" in shell_script("echo '# x'\n", "bash")
 
 
