@@ -65,7 +65,7 @@ def table_price(n: int, k: int, m: int) -> float | None:
     try:
         import numpy as np
 
-        from testbed.app.assembly.run_setup import shared_kernel_db  # one KernelDB per process
+        from testbed.sim.cost_models import shared_kernel_db  # one KernelDB per process
 
         db = shared_kernel_db("h100_sxm", "vllm", None, None, "0.15.1")
         return float(db.gemm_over_m(n, k, np.array([float(m)]))[0])

@@ -348,7 +348,7 @@ class ProfileCostModel:
         # a profile has no verify pass: the engine part prices its draft tokens as decode rows, the host
         # part (per request scheduled) stays the step's
         engine = self.engine_time(verify_as_decode_rows(s) if s.num_spec_tokens else s)
-        if s.load_blocks:  # a profile measures no host-tier load: it crosses the host link (set by build_cost_model)
+        if s.load_blocks:  # a profile measures no host-tier load: it crosses the host link (set by cost_models.with_host_link)
             return engine + self.host_time(s) + s.load_blocks * self.host_link_s_per_block
         return engine + self.host_time(s)
 

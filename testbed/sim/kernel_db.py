@@ -670,6 +670,8 @@ if __name__ == "__main__":
         where = package_data_dir()
     except ImportError:  # without the package: the tables shipped inside this one
         where = SHIPPED_DIR
-    print(f"| GPU | gemm | attention | moe | all-reduce |  ({fw}, {where})\n| --- | --- | --- | --- | --- |")
-    for gpu, row in versions_table(fw, where):
-        print(f"| {gpu} | " + " | ".join(row.values()) + " |")
+    from tabulate import tabulate
+
+    print(f"The table version each op reads ({fw}, {where}):")
+    print(tabulate([[gpu, *row.values()] for gpu, row in versions_table(fw, where)],
+                   headers=["GPU", "gemm", "attention", "moe", "all-reduce"], tablefmt="pipe", disable_numparse=True))

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tabulate import tabulate
 
 from testbed.sim.kernel_db import PACKAGE, SHIPPED_DIR, KernelDB, KernelDBError, installed_version, package_data_dir
 
@@ -119,10 +120,13 @@ def export(out: Path, gpus: list[str] | None = None) -> dict:
 
 
 def notice(m: dict) -> str:
-    rows = "\n".join(f"| {gpu} | {' | '.join(fw[FRAMEWORK]['versions'].get(k, '-') for k in KEYS)} | "
-                     f"{sum(f['rows'] for f in fw[FRAMEWORK]['files'].values()):,} of "
-                     f"{sum(f['of_rows'] for f in fw[FRAMEWORK]['files'].values()):,} |"
-                     for gpu, fw in sorted(m["gpus"].items()))
+    """NOTICE.md: where the shipped tables come from, what was changed (Apache-2.0 4(b)), and per GPU the
+    table versions read and the rows kept, laid out by tabulate as every table of the project."""
+    rows = [[gpu, *(fw[FRAMEWORK]["versions"].get(k, "-") for k in KEYS),
+             f"{sum(f['rows'] for f in fw[FRAMEWORK]['files'].values()):,} of "
+             f"{sum(f['of_rows'] for f in fw[FRAMEWORK]['files'].values()):,}"]
+            for gpu, fw in sorted(m["gpus"].items())]
+    table = tabulate(rows, headers=["GPU", *KEYS, "rows"], tablefmt="pipe", disable_numparse=True)
     return f"""# Measured kernel tables shipped with llm-sched-testbed
 
 The Parquet files below this folder are excerpts of the kernel latency tables in
@@ -140,9 +144,7 @@ installed {m['package']} (`--check` compares).
 
 Table versions read (vLLM release the kernels were timed in) and rows kept:
 
-| GPU | {' | '.join(KEYS)} | rows |
-| --- | {' | '.join('---' for _ in KEYS)} | --- |
-{rows}
+{table}
 """
 
 

@@ -1,5 +1,5 @@
 """The drafting cost of speculative decoding, on top of any cost model's verify pass (built from the
-config by `testbed.app.assembly.spec_decode`).
+config by `testbed.sim.cost_models.with_spec_decode`).
 
 The target cost models price the verify pass themselves (its draft tokens are `BatchShape.num_spec_tokens`).
 What drafting adds to a step depends on the method:

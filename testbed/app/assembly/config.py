@@ -127,7 +127,7 @@ class CostModelConfig:
     moe_distribution: str = "balanced"
     data_dir: Optional[str] = None
     # cost_model=kernels: what prices the steps when the measured tables cannot (no tables for the GPU, framework,
-    # model dtype, head size or op: testbed.app.assembly.run_setup.build_kernel_cost_model): "roofline" (a warning, and the summary
+    # model dtype, head size or op: testbed.sim.cost_models.kernel_model): "roofline" (a warning, and the summary
     # says cost_model=roofline with cost_model_fallback naming why) or null (the run fails, naming what is missing)
     fallback: Optional[str] = None
     # the terms the kernel sum misses, fitted on end-to-end runs: per step (scheduler, sampling, launch gaps), per

@@ -8,7 +8,7 @@ which share every piece of it.
 from __future__ import annotations
 
 import contextlib
-import functools
+import dataclasses
 import logging
 import os
 import sys
@@ -21,11 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from testbed import traces
 from testbed.core.cost import CostModel
-from testbed.sim.roofline import RooflineCostModel
+from testbed.sim import cost_models
+from testbed.sim.cost_models import block_bytes_per_gpu
 from testbed.core.kv import BlockManager
 from testbed.core.kv_offload import WRITE_POLICIES, OffloadingBlockManager
 from testbed.core.loop import ReplayOutcome, SchedulerLimits, StepLoop
-from testbed.app.assembly.spec_decode import drafter_factory
+from testbed.app.assembly.spec_decode import drafter_factory, spec_decode_spec
 from testbed.core.spec_decode import Drafter, DraftStats
 from testbed.app.assembly.frontend import ClientClock, FrontendConfig
 from testbed.app.analysis.metrics import SLO, request_table, summarize, take_itl_ms
@@ -33,8 +34,6 @@ from testbed.app.assembly.plugins import make_policy, make_router
 from testbed.app.assembly.provenance import provenance
 from testbed.core.request import Request
 from testbed.app.analysis.results import steps_frame
-from testbed.core.generation_configs import model_generation_defaults
-from testbed.core.sampling import SamplingParams, resolve
 from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec, apply_config_json, kv_capacity_blocks
 from testbed.vllm_backend.native_sim import NATIVE_POLICY, VLLMNativeKnobs
 
@@ -230,56 +229,26 @@ def _nothing_to_simulate(tc: DictConfig, load: traces.TraceLoad | None) -> str:
 
 
 def build_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec, notes: dict | None = None) -> CostModel:
-    """The cost model of cost_model.name, with speculative decoding's drafting when spec_decode is on.
-    `notes` (when given) receives `cost_model_fallback` when the roofline stood in for the kernel model."""
-    from testbed.app.assembly.spec_decode import with_spec_decode
+    """The cost model of cost_model.name, with speculative decoding's drafting when spec_decode is on
+    (`testbed.sim.cost_models.assemble`). `notes` (when given) receives `cost_model_fallback` when the
+    roofline stood in for the kernel model."""
+    return cost_models.assemble(cost_model_spec(cfg), model, hw, notes,
+                                check_profile=lambda cost: check_profile_machine(cost, cfg))
 
-    return with_spec_decode(_target_cost_model(cfg, model, hw, notes), cfg, model, hw, parallel_spec(cfg),
-                            build_kernel_cost_model)
 
-
-def _target_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec, notes: dict | None = None) -> CostModel:
-    name = cfg.cost_model.name
-    roofline = lambda: RooflineCostModel(model, hw, block_size=cfg.kv.block_size, parallel=parallel_spec(cfg))  # noqa: E731
-    if name == "roofline":
-        return roofline()
-    if name == "profile":
-        from testbed.sim.fitted_cost import ProfileCostModel
-
-        if not cfg.cost_model.profile:
-            raise ValueError("cost_model=profile needs cost_model.profile=<a profile file> (testbed-profile writes one; "
-                             "profiles/ holds the shipped ones)")
-        cost = ProfileCostModel.from_file(cfg.cost_model.profile)
-        measured = cost.header.get("model")
-        if measured and measured != model.name:
-            import warnings
-
-            warnings.warn(f"cost model {cost.name} was measured on model {measured!r}, this run is {model.name!r}",
-                          stacklevel=2)
-        check_profile_machine(cost, cfg)
-        if parallel_spec(cfg).num_gpus > 1:
-            import warnings
-
-            warnings.warn(f"cost model {cost.name} holds one GPU's measured step times: parallel.* sizes the KV "
-                          f"cache only, the step times stay single-GPU", stacklevel=2)
-        return with_host_link(cost, cfg, model, hw)
-    if name == "kernels":
-        from testbed.sim.kernel_db import KernelDBError
-
-        try:
-            return build_kernel_cost_model(cfg, model, hw)
-        except (KernelDBError, ImportError) as e:
-            fallback = cfg.cost_model.get("fallback")
-            if fallback is None:
-                raise
-            if fallback != "roofline":
-                raise ValueError(f"cost_model.fallback={fallback!r}: expected roofline or null") from None
-            log.warning("cost_model=kernels cannot price this run (%s): the roofline stands in for it, and the summary "
-                        "says so (cost_model.fallback=null makes this an error)", e)
-            if notes is not None:
-                notes["cost_model_fallback"] = str(e)
-            return roofline()
-    raise ValueError(f"cost_model.name={name!r}: expected one of ['roofline', 'profile', 'kernels']")
+def cost_model_spec(cfg: DictConfig) -> cost_models.CostModelSpec:
+    """The config's cost model as plain values: `cost_model.*`, and what of the run it prices by (the KV
+    block size, the batch bound, the parallelism, async scheduling, the host tier, the requests' sampling,
+    speculative decoding)."""
+    cc, sc = cfg.cost_model, cfg.scheduler
+    own = {f.name: cc.get(f.name, f.default) for f in dataclasses.fields(cost_models.CostModelSpec)
+           if f.name in cost_models.COST_MODEL_KEYS}
+    sampling = cfg.get("sampling") or {}
+    return cost_models.CostModelSpec(
+        **own, block_size=cfg.kv.block_size, parallel=parallel_spec(cfg),
+        max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs), async_scheduling=async_scheduling(cfg),
+        offload=bool(cfg.kv.get("offload_gb")), sampling={k: sampling.get(k) for k in cost_models.SAMPLING_KEYS},
+        generation_config=sampling.get("generation_config", "auto"), spec_decode=spec_decode_spec(cfg))
 
 
 def check_profile_machine(cost, cfg: DictConfig, device: str | None = None, threads: int | None = None,
@@ -312,77 +281,6 @@ def model_preset() -> str | None:
         return None
 
 
-def build_kernel_cost_model(cfg: DictConfig, model: ModelSpec, hw: HardwareSpec) -> CostModel:
-    """The measured-kernel cost model for hardware.kernel_db_gpu (its tables: testbed.sim.kernel_db.find_tables).
-    A run the tables cannot price raises KernelDBError (ImportError: no tables for the GPU without the
-    `kernels` extra); `_target_cost_model` then falls back to the roofline when cost_model.fallback says so."""
-    from testbed.sim.kernel_cost import KernelCostModel
-    from testbed.sim.sampler_cost import SamplerCost
-    from testbed.sim.kernel_db import KernelDBError
-
-    cc = cfg.cost_model
-    if not hw.kernel_db_gpu:
-        raise KernelDBError(f"hardware.kernel_db_gpu is not set for {hw.name}: cost_model=kernels needs the GPU's name "
-                            f"in the measured kernel database (e.g. hardware.kernel_db_gpu=h100_sxm; "
-                            f"`python -m testbed.sim.kernel_db` lists them)")
-    parallel = parallel_spec(cfg)
-    db = shared_kernel_db(hw.kernel_db_gpu, cc.framework, cc.framework_version, cc.data_dir, cc.get("version_near"),
-                          cc.get("moe_distribution", "balanced"))
-    sc = cfg.scheduler
-    sampler = None
-    if cc.get("sampler", True):
-        params, _ = sampling_params(cfg, model)
-        sampler = SamplerCost(params, model.vocab_size, hw.mem_bandwidth, kernel_s=cc.sampler_kernel_s,
-                              sort_bytes_per_logit=cc.sampler_sort_bytes_per_logit)
-    return KernelCostModel(model, hw, parallel, db, step_overhead_s=cc.step_overhead_s,
-                           layer_overhead_s=cc.layer_overhead_s, seq_overhead_s=cc.seq_overhead_s,
-                           allreduce_overhead_s=cc.allreduce_overhead_s,
-                           kernel_scale=cc.kernel_scale, block_size=cfg.kv.block_size,
-                           max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs), sampler=sampler,
-                           host_step_s=cc.get("host_step_s", 0.0), host_seq_s=cc.get("host_seq_s", 0.0),
-                           async_scheduling=async_scheduling(cfg))
-
-
-def sampling_params(cfg: DictConfig, model: ModelSpec) -> tuple[SamplingParams, str]:
-    """The requests' sampling parameters as vLLM resolves them (`sampling.*`, else the model's generation
-    defaults, else the neutral ones) and where the model's defaults came from."""
-    sc = cfg.get("sampling") or {}
-    defaults, source = model_generation_defaults(model.generation_config, model.hf_id, model.name)
-    request = {k: sc.get(k) for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                                      "frequency_penalty", "presence_penalty")}
-    return resolve(request, defaults, sc.get("generation_config", "auto")), source
-
-
-@functools.lru_cache(maxsize=8)
-def shared_kernel_db(gpu: str, framework: str, version: str | None, data_dir: str | None, near: str | None = None,
-                     moe_distribution: str = "balanced"):
-    """One `KernelDB` per set of tables in a process. Its look-ups are memoised on the instance, so a
-    process that builds many cost models (testbed-validate's replays: one per run and fitted value)
-    reads and grids each table once instead of once per model (about 0.3 s each); the look-ups are
-    pure, so sharing them changes no step time."""
-    from testbed.sim.kernel_db import KernelDB
-
-    return KernelDB(gpu, framework, version, data_dir, near=near, moe_distribution=moe_distribution)
-
-
-def with_host_link(cost, cfg: DictConfig, model: ModelSpec, hw: HardwareSpec):
-    """A profile cost model that charges host-tier loads at the hardware's host link (a profile
-    measures none); a copy, as fitted models are shared within a process."""
-    if not cfg.kv.get("offload_gb"):
-        return cost
-    import copy
-
-    cost = copy.copy(cost)
-    cost.host_link_s_per_block = block_bytes_per_gpu(cfg, model) / hw.host_link_bandwidth
-    return cost
-
-
-def block_bytes_per_gpu(cfg: DictConfig, model: ModelSpec) -> int:
-    """One KV block's bytes on one GPU (its share of the KV heads and layers): what host memory
-    (swap space, the offload tier) holds per block, per GPU, as vLLM sizes both."""
-    return cfg.kv.block_size * model.kv_bytes_per_token_per_gpu(parallel_spec(cfg))
-
-
 def offload_kv_blocks(cfg: DictConfig, model: ModelSpec) -> int:
     """Host KV tier capacity in blocks (kv.offload_gb; 0: no tier)."""
     policy = cfg.kv.get("offload_write_policy", "write_through")
@@ -391,10 +289,10 @@ def offload_kv_blocks(cfg: DictConfig, model: ModelSpec) -> int:
     gb = cfg.kv.get("offload_gb") or 0.0
     if not gb:
         return 0
-    n = int(gb * 1e9 // block_bytes_per_gpu(cfg, model))
+    n = int(gb * 1e9 // block_bytes_per_gpu(cfg.kv.block_size, model, parallel_spec(cfg)))
     if n < 1:
         raise ValueError(f"kv.offload_gb={gb}: holds no KV block of {model.name} "
-                         f"({block_bytes_per_gpu(cfg, model) / 1e9:.3g} GB a block per GPU); set 0 or more")
+                         f"({block_bytes_per_gpu(cfg.kv.block_size, model, parallel_spec(cfg)) / 1e9:.3g} GB a block per GPU); set 0 or more")
     return n
 
 
@@ -458,7 +356,7 @@ def prepare(cfg: DictConfig, model: ModelSpec | None = None, device_blocks: int 
     cost_notes: dict = {}
     cost = build_cost_model(cfg, model, hw, cost_notes)
     blocks = device_blocks if device_blocks is not None else device_kv_blocks(cfg, model, hw)
-    host_blocks = int(cfg.kv.swap_space_gb * 1e9 // block_bytes_per_gpu(cfg, model))  # vLLM's swap_space: per GPU
+    host_blocks = int(cfg.kv.swap_space_gb * 1e9 // block_bytes_per_gpu(cfg.kv.block_size, model, parallel_spec(cfg)))  # vLLM's swap_space: per GPU
     limits = SchedulerLimits(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs,
                              cfg.scheduler.max_model_len or model.max_model_len)
     knobs = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
