@@ -162,6 +162,28 @@ def test_validate_fits_known_overheads_and_scores_a_model_it_did_not_see(tmp_pat
     assert max(V.validate(cfg)["median_abs_error"][m] for m in ("ttft", "e2e", "tpot")) > 0.02
 
 
+def test_the_fit_in_parallel_gives_the_values_of_the_fit_in_one_process(tmp_path):
+    """The replays run in a pool, each fit advancing as soon as its own are done (`run_fits`): the
+    order they finish in may differ from one process's, the fitted values and the scores may not."""
+    for name, mid, mc, ttft in [("r-a", "org/A-1b", SMALL, 0.05), ("r-b", "org/A-1b", SMALL, 0.08),
+                                ("r-c", "org/B-1b", SMALLER, 0.03), ("r-d", "org/C-1b", SMALLER, 0.04)]:
+        write_run(tmp_path / "runs", name, mid, mc, [(4.0, 10.0), (8.0, 5.0)],
+                  [{"ttft": ttft, "e2e": 0.9, "prompt_len": 420.0}, {"ttft": 2 * ttft, "e2e": 1.1, "prompt_len": 420.0}])
+    out = {}
+    for jobs in (1, 2):
+        cfg = config("cost_model=roofline", f"validate.runs={tmp_path / 'runs'}", f"output.dir={tmp_path / str(jobs)}",
+                     f"validate.jobs={jobs}", "validate.stage_gap_s=10", "validate.drain_s=30",
+                     "validate.fit=[hardware.step_overhead_s,frontend.request_s]", "validate.fit_iterations=2",
+                     "hardware.step_overhead_s=0.001", "frontend.request_s=0.01")
+        out[jobs] = V.validate(cfg), pd.read_csv(tmp_path / str(jobs) / "validate.csv")
+    (one, csv_one), (two, csv_two) = out[1], out[2]
+    assert set(two["fitted_without_model"]) == {"A-1b", "B-1b", "C-1b"}
+    for key in ("fitted_on_all_models", "fitted_without_model", "fit", "replays"):
+        assert two[key] == one[key], key  # exactly: the same replays, sent to each fit in the same order
+    assert one["fitted_on_all_models"] != {"hardware.step_overhead_s": 0.001, "frontend.request_s": 0.01}  # it moved
+    pd.testing.assert_frame_equal(csv_two, csv_one, check_exact=True)
+
+
 # --- the load generator's figures (testbed/app/analysis/inference_perf.py) ------------------------------------------
 
 def literal_figures(arrival: list[float], ttft: list[float], e2e: list[float], token_times: list[list[float]],
@@ -374,22 +396,18 @@ def test_leave_one_model_out_fits_share_every_replay_they_have_in_common(tmp_pat
     assert set(report["fitted_without_model"]) == {"A-1b", "B-1b", "C-1b"}
 
 
-class CurveReplays:
-    """A `Replays` stand-in for one run whose TTFT and E2E errors follow a saturating curve of one key `k`
+class CurveReplays(validate_fit.Replays):
+    """`Replays` of one run whose TTFT and E2E errors follow a saturating curve of one key `k`
     (zero at k = 1): far from 1 a linearisation overshoots, and the slope changes along a step."""
 
     def __init__(self):
-        self.simulated = 0
+        super().__init__(OmegaConf.create({"validate": {"jobs": 1}}))
 
-    def get(self, asks):
-        self.simulated += len(asks)
-        out = []
-        for _, values in asks:
-            e = np.arctan(3 * (values["k"] - 1))
-            real = {"ttft": 1.0, "e2e": 1.0, "tpot": 1.0}
-            out.append(RunReplay([StageResult("r", "m", 0, 1.0, False, False, real,
-                                              {"ttft": 1 + e, "e2e": 1 + 0.5 * e, "tpot": 1.0})], None))
-        return out
+    def _simulate(self, run, values):
+        e = np.arctan(3 * (values["k"] - 1))
+        real = {"ttft": 1.0, "e2e": 1.0, "tpot": 1.0}
+        return RunReplay([StageResult("r", "m", 0, 1.0, False, False, real,
+                                      {"ttft": 1 + e, "e2e": 1 + 0.5 * e, "tpot": 1.0})], None)
 
 
 @pytest.mark.parametrize("start", [0.2, 5.0])

@@ -221,10 +221,11 @@ class BlockManager:
         state.num_cached_blocks = hit
         if not hit:
             return 0
-        ref, queue = self._ref, self._queue
+        ref, queue, keys, cached = self._ref, self._queue, self.prefix_keys(state), self._cached
         revived = 0
         for i in range(hit):
-            b = self._hit_block(state, i)
+            # a hit block's first holder (`_hit_block`; a shared-prefix block's straight off the cache)
+            b = cached[keys[i]][0] if i < len(keys) else self._hit_block(state, i)
             if ref[b] == 0:
                 del queue[b]
                 revived += 1
@@ -662,10 +663,17 @@ class KVPreview:
         for state, n, admitted in self._pending:
             if state is None:
                 self._take(n)
-            elif state is _ITEMS:
+            elif state is _ITEMS:  # every running request of the step: `_take` and `_register` inlined
+                caching, new = kv.enable_prefix_caching, self._new
                 for s, k in n:
-                    self._take(kv.blocks_needed(s, k))
-                    self._register(s, s.num_cached_blocks, s.num_computed + k)
+                    need = -(-(s.num_computed + k) // bs) - len(s.blocks)  # kv.blocks_needed
+                    if need > 0:
+                        self._take(need)
+                    if caching:
+                        keys = kv.prefix_keys(s)
+                        end = min(len(keys), (s.num_computed + k) // bs)
+                        if s.num_cached_blocks < end:
+                            new.update(keys[s.num_cached_blocks:end])
             elif admitted is None:
                 self._take(kv.blocks_needed(state, n))
                 self._register(state, state.num_cached_blocks, state.num_computed + n)
@@ -701,9 +709,24 @@ class KVPreview:
             self._catch_up()
         cap = (state.known_len - 1) // kv.block_size
         keys = kv.prefix_keys(state)
-        queue, taken, touched, new = kv._queue, self._taken, self._touched, self._new
+        queue, taken, touched, new, cached = kv._queue, self._taken, self._touched, self._new, kv._cached
         revive: list[int] = []
         n = 0
+        # the shared-prefix blocks first, their holders read straight off the cache (`candidates`' first case,
+        # inlined: this runs once per prefix block of every admission a policy plans)
+        for n in range(min(cap, len(keys))):
+            block = None
+            for b in cached.get(keys[n], ()):
+                if b not in taken:
+                    block = b
+                    break
+            if block is None:
+                if keys[n] not in new:
+                    return n, revive
+            elif block in queue and block not in touched:
+                revive.append(block)
+        else:
+            n = min(cap, len(keys))
         while n < cap:
             block = next((b for b in kv.candidates(state, n) if b not in taken), None)
             if block is None and not (n < len(keys) and keys[n] in new):

@@ -51,8 +51,14 @@ class ReplaysStopped(Exception):
 
 class Replays:
     """The replays of one command, each (run, values) simulated once (`validate.jobs` processes, one
-    pool kept for the whole command so that its workers' caches stay warm). `stop()` turning true ends
-    `get` with ReplaysStopped, the replays finished so far in it: the pool's replays are not awaited
+    pool kept for the whole command so that its workers' caches stay warm).
+
+    Asked replays wait in one queue and start costliest first whenever a worker is free, whoever asked
+    for them: `run_fits` asks for each fit's next replays as soon as that fit has its last ones, so no
+    worker idles at a round's end while another fit has work (the fits used to advance in lockstep, each
+    round waiting for its slowest replay). What a replay gives never depends on when or where it ran.
+
+    `stop()` turning true ends the wait with ReplaysStopped: the pool's replays are not awaited
     (`close` kills its workers), a replay in this process ends at its next step."""
 
     def __init__(self, cfg: DictConfig, stop: Callable[[], bool] | None = None):
@@ -60,44 +66,74 @@ class Replays:
         self.stop = stop or (lambda: False)
         self.jobs = cfg.validate.jobs or os.cpu_count() or 1
         self._done: dict[tuple, RunReplay] = {}
+        self._queued: dict[tuple, tuple[RealRun, dict | None]] = {}  # asked, not started (in asking order)
+        self._running: dict = {}  # future -> key
         self._pool: ProcessPoolExecutor | None = None
         self.simulated = 0  # replays run (the rest were found done)
         self.asked = 0
 
-    def get(self, asks: list[tuple[RealRun, dict[str, float] | None]]) -> list[RunReplay]:
-        """Each (run, values)'s replay, in order; the ones not yet done are simulated together, the
-        costliest first (so that no worker is left with a long run at the end)."""
+    def want(self, asks: list[tuple[RealRun, dict[str, float] | None]]) -> list[tuple]:
+        """Queue the replays of `asks` not done or under way; their keys, in order (`ready`, `take`)."""
         keys = [(str(run.path), _values_key(values)) for run, values in asks]
-        todo: dict[tuple, tuple[RealRun, dict | None]] = {}
-        for key, ask in zip(keys, asks):
-            if key not in self._done and key not in todo:
-                todo[key] = ask
         self.asked += len(asks)
-        if todo:
-            order = sorted(todo, key=lambda k: -_cost(todo[k][0]))
-            runs = [todo[k][0] for k in order]
-            values = [todo[k][1] for k in order]
-            done = self._in_process(runs, values) if self.jobs <= 1 or len(order) == 1 else self._in_pool(runs, values)
-            self._done.update((k, r) for k, r in zip(order, done) if r is not None)
-            self.simulated += sum(r is not None for r in done)
-            if any(r is None for r in done):
-                raise ReplaysStopped([self._done.get(k) for k in keys])
+        for key, ask in zip(keys, asks):
+            if key not in self._done and key not in self._queued and key not in self._running.values():
+                self._queued[key] = ask
+        return keys
+
+    def ready(self, keys: list[tuple]) -> bool:
+        return all(k in self._done for k in keys)
+
+    def take(self, keys: list[tuple]) -> list[RunReplay]:
         return [self._done[k] for k in keys]
 
-    def _in_process(self, runs: list[RealRun], values: list) -> list[RunReplay | None]:
-        done: list[RunReplay | None] = []
-        for r, v in zip(runs, values):
-            done.append(None if self.stop() else simulate_run(self.cfg, r, v, self.stop))
-        return done
+    def get(self, asks: list[tuple[RealRun, dict[str, float] | None]]) -> list[RunReplay]:
+        """Each (run, values)'s replay, in order, waiting for those not yet done."""
+        keys = self.want(asks)
+        try:
+            while not self.ready(keys):
+                self.advance()
+        except ReplaysStopped:
+            raise ReplaysStopped([self._done.get(k) for k in keys]) from None
+        return self.take(keys)
 
-    def _in_pool(self, runs: list[RealRun], values: list) -> list[RunReplay | None]:
+    def advance(self) -> None:
+        """Wait until one more replay is done (in this process: run the costliest queued one)."""
+        if not self._queued and not self._running:
+            raise RuntimeError("Replays.advance: nothing asked is left to run")
+        if self.jobs <= 1:
+            key = self._next()
+            run, values = self._queued.pop(key)
+            done = None if self.stop() else self._simulate(run, values)
+            if done is None:
+                raise ReplaysStopped([])
+            self._finish(key, done)
+            return
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.jobs, initializer=_pool_worker, initargs=(os.getpid(),))
-        futures = [self._pool.submit(simulate_run, self.cfg, r, v) for r, v in zip(runs, values)]
-        pending = set(futures)
-        while pending and not self.stop():  # (the timeout: a signal's flag is looked at between results)
-            pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED).not_done
-        return [f.result() if f.done() and not f.cancelled() else None for f in futures]
+        while self._queued and len(self._running) < self.jobs:  # only `jobs` at once: the queue keeps its order
+            key = self._next()
+            run, values = self._queued.pop(key)
+            self._running[self._pool.submit(simulate_run, self.cfg, run, values)] = key
+        finished: set = set()
+        while not finished:  # (the timeout: a signal's flag is looked at between results)
+            if self.stop():
+                raise ReplaysStopped([])
+            finished = wait(list(self._running), timeout=0.2, return_when=FIRST_COMPLETED).done
+        for f in finished:
+            self._finish(self._running.pop(f), f.result())
+
+    def _next(self) -> tuple:
+        """The costliest queued replay (the first asked among equals): long runs start early, so that
+        no worker is left with one at the end."""
+        return max(self._queued, key=lambda k: _cost(self._queued[k][0]))
+
+    def _simulate(self, run: RealRun, values: dict[str, float] | None) -> RunReplay | None:
+        return simulate_run(self.cfg, run, values, self.stop)
+
+    def _finish(self, key: tuple, done: RunReplay) -> None:
+        self._done[key] = done
+        self.simulated += 1
 
     def close(self) -> None:
         """The pool's end; after a signal (`stop`), at once: its replays are dropped, not awaited."""
@@ -159,24 +195,35 @@ def fit(cfg: DictConfig, replays: Replays, runs: list[RealRun], keys: list[str])
 
 
 def run_fits(replays: Replays, fits: list[Generator[Asks, list[RunReplay], FitResult]]) -> list[FitResult]:
-    """Several fits driven in lockstep: each round, the replays every unfinished fit asks for are run in
-    one batch (so that the workers are never left waiting on one fit's last run, and replays asked by
-    two fits at once run once)."""
+    """Several fits driven together: each is sent its replays as soon as they are all done and asks for
+    its next ones at once (so that the workers are never left waiting on one fit's last run while another
+    fit could go on), and replays asked by two fits run once. Each fit sees exactly the replays it asked
+    for, whatever the order they finished in: the fitted values do not depend on the interleaving."""
     results: list[FitResult | None] = [None] * len(fits)
-    pending: dict[int, Asks] = {}
+    waiting: dict[int, list[tuple]] = {}
     for i, f in enumerate(fits):
-        pending[i] = next(f)  # a fit always asks for its starting point first
-    while pending:
-        got = replays.get([ask for asks in pending.values() for ask in asks])
-        at, after = 0, {}
-        for i, asks in pending.items():
-            part, at = got[at:at + len(asks)], at + len(asks)
+        waiting[i] = replays.want(next(f))  # a fit always asks for its starting point first
+    while waiting:
+        ready = [i for i, keys in waiting.items() if replays.ready(keys)]
+        if not ready:
+            replays.advance()
+            continue
+        for i in ready:
+            got = replays.take(waiting.pop(i))
             try:
-                after[i] = fits[i].send(part)
+                waiting[i] = replays.want(fits[i].send(got))
             except StopIteration as done:
                 results[i] = done.value
-        pending = after
     return results  # type: ignore[return-value]
+
+
+def then_replay(fit: Generator[Asks, list[RunReplay], FitResult], runs: list[RealRun]
+                ) -> Generator[Asks, list[RunReplay], FitResult]:
+    """`fit`, then the replays of `runs` at its values, asked as soon as it ends (its scoring, run beside
+    the other fits' replays instead of after them all); the fit's result."""
+    result = yield from fit
+    yield [(run, result.values) for run in runs]
+    return result
 
 
 def fit_steps(cfg: DictConfig, runs: list[RealRun], keys: list[str]) -> Generator[Asks, list[RunReplay], FitResult]:

@@ -38,7 +38,7 @@ from testbed.app.entry.cli import CONF_DIR
 from testbed.app.analysis.real_runs import load_run_sets
 from testbed.app.entry.stop import stop_on_signals
 from testbed.app.assembly.validate import check_config
-from testbed.app.analysis.validate_fit import Replays, ReplaysStopped, fit_runs, fit_steps, run_fits
+from testbed.app.analysis.validate_fit import Replays, ReplaysStopped, fit_runs, fit_steps, run_fits, then_replay
 from testbed.app.analysis.validate_replay import median_abs_errors, scored, simulate_run  # noqa: F401 (simulate_run: the API)
 from testbed.app.analysis.validate_report import by_model, write
 
@@ -81,9 +81,11 @@ def _validate(cfg: DictConfig, stop) -> dict:
             models = sorted({r.model_name for r in fit_runs(runs)})
             held_out = models if vc.leave_one_model_out and len(models) > 1 else []
             # the fit on all models and, for each model, a whole fit without it (from the config's starting
-            # values: the held-out model's runs play no part in it), all driven together
-            fits = run_fits(replays, [fit_steps(cfg, runs, keys)] + [
-                fit_steps(cfg, [r for r in runs if r.model_name != m], keys) for m in held_out])
+            # values: the held-out model's runs play no part in it), all driven together, each one's scoring
+            # replays (every run at the fit on all, the held-out model's at the fit without it) asked as it ends
+            fits = run_fits(replays, [then_replay(fit_steps(cfg, runs, keys), runs)] + [
+                then_replay(fit_steps(cfg, [r for r in runs if r.model_name != m], keys),
+                            [r for r in runs if r.model_name == m]) for m in held_out])
             fitted_all = report["fitted_on_all_models"] = fits[0].values
             report["fit"] = {"method": vc.fit_method, "steps": fits[0].steps, "jacobians": fits[0].jacobians,
                              "squared_error": fits[0].cost, "start_squared_error": fits[0].start_cost}
@@ -91,6 +93,7 @@ def _validate(cfg: DictConfig, stop) -> dict:
             report["fit"]["without_model"] = {m: {"steps": f.steps, "jacobians": f.jacobians, "squared_error": f.cost}
                                               for m, f in zip(held_out, fits[1:])}
             # a model with no scored stage had no fit of its own left out: it is scored with the fit on all
+            # (every one of these replays was asked by `then_replay`: found done)
             asks = [(r, fitted_all) for r in runs] + [(r, per_model.get(r.model_name, fitted_all)) for r in runs]
             got = replays.get(asks)
             in_sample = got[:len(runs)]
