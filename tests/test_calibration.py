@@ -216,7 +216,9 @@ def test_the_engine_on_the_cost_models_clock_is_the_simulator_to_the_bit(profile
     real, replay = replay_on_the_cost_clock(cfg)
     sim = simulate(_with(cfg, backend__async_scheduling=False, kv__num_blocks=real.summary["kv_blocks"]))
     assert real.summary["completed"] == sim.summary["completed"] == 100
-    assert real.summary["num_steps"] == sim.summary["num_steps"] == len(replay.step_records) > 100
+    # at least one step per token of the longest output (a lower bound whatever the profile's step times, which
+    # a busy machine's profile makes longer, batching more requests into fewer steps)
+    assert real.summary["num_steps"] == sim.summary["num_steps"] == len(replay.step_records) >= real.requests.output_len.max()
     assert (real.requests.generated == real.requests.output_len).all()  # the engine generated every token
     cols = ["id", "outcome", "generated", "preemptions", "prefix_hit_tokens", "first_scheduled_s", "first_token_s",
             "finish_s", "ttft_ms", "tpot_ms", "e2el_ms"]
