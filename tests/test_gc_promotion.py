@@ -1,13 +1,12 @@
-"""The cyclic GC around a run and a command's imports: paused, then what was made promoted to the oldest
-generation without a pass (testbed/core/event_run.py gc_paused, testbed/app/entry/stop.py), and the
-vllm_bench.json text whichever way result_json takes (a speed-up of results writing, issue 27)."""
+"""The cyclic GC around a run: paused, then what the run made promoted to the oldest generation without
+a pass (testbed/core/event_run.py gc_paused), and the vllm_bench.json text whichever way result_json
+takes (speed-ups of results writing, issue 27)."""
 import gc
 import json
 import math
 import weakref
 
 from testbed.app.analysis.vllm_bench_format import result_json
-from testbed.app.entry.stop import _import_gc_paused
 from testbed.core.event_run import gc_paused
 
 
@@ -37,11 +36,6 @@ def test_gc_paused_nested_leaves_the_outer_pause_alone():
             pass
         assert not gc.isenabled()
     assert gc.isenabled()
-
-
-def test_a_command_module_imported_with_the_gc_paused_and_restored():
-    mod = _import_gc_paused("json")
-    assert mod is json and gc.isenabled() and not gc.get_freeze_count()
 
 
 def _walked(result: dict) -> str:  # the walk result_json falls back to: NaN as null, everywhere

@@ -26,7 +26,6 @@ console scripts import it first.
 from __future__ import annotations
 
 import contextlib
-import gc
 import importlib
 import os
 import signal
@@ -190,23 +189,6 @@ def command_name() -> str | None:
     return _command
 
 
-def _import_gc_paused(module: str):
-    """Import a command's module with the cyclic GC paused. Its imports (Hydra, OmegaConf, numpy, pandas,
-    the policies) make hundreds of thousands of objects that live as long as the process and free
-    almost none: the GC's full passes over them meanwhile (two on the main command, ~0.1 s) find
-    nothing. Promoted to the oldest generation after (freeze, then unfreeze: no pass), as
-    testbed/core/event_run.py's gc_paused does after a run, so later full passes still see them."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return importlib.import_module(module)
-    finally:
-        if was_enabled:
-            gc.freeze()
-            gc.unfreeze()
-            gc.enable()
-
-
 def run_command(module: str, function: str, name: str) -> int | None:
     """The console script `name`: `module.function()` under the signal handlers, imports included. A
     signal ends it with 128 + its number, no traceback, whatever the command had written kept; a user
@@ -215,7 +197,7 @@ def run_command(module: str, function: str, name: str) -> int | None:
     _command = name
     with _handlers() as h, user_errors.errors_raised() as full_error:
         try:
-            result = getattr(_import_gc_paused(module), function)()
+            result = getattr(importlib.import_module(module), function)()
         except Exception as e:  # a user error says so in its own words, exit 2; a bug keeps its traceback
             if full_error or not (user_errors.is_user_error(e) or user_errors.is_not_complete(e)):
                 raise
