@@ -35,13 +35,8 @@ COMMON = ["--model", "meta-llama/llama-3.1-8b-instruct", "--hardware", "H100", "
 def find_tools(given: str | None) -> Path | None:
     """The workspace's shared/tools/blis: given, or in a folder above the repository (a worktree sits
     deeper than the main checkout, so ../shared alone would miss it)."""
-    if given:
-        return Path(given)
-    for up in REPO.parents:
-        cand = up / "shared" / "tools" / "blis"
-        if (cand / "azure_to_tracev2.py").is_file():
-            return cand
-    return None
+    cands = [Path(given)] if given else [up / "shared" / "tools" / "blis" for up in REPO.parents]
+    return next((c for c in cands if (c / "azure_to_tracev2.py").is_file()), None)
 
 
 def find_binary(given: str | None) -> Path | None:
