@@ -3,6 +3,7 @@ defaults before issue 23), the simulation alone,
 4x load, sixteen replicas at 16x load, every policy at 1x and 4x, and 200k requests.
 
 Usage: python experiments/benchmarks/speed.py [--repeats 1] [--only SUBSTR ...] [--policies vllm,sarathi]
+                                             [--blis PATH/bin/blis] [--blis-tools DIR] [--no-blis]
 
 Each case is the real command (`python -m testbed ...`) in a fresh process, so its wall time includes
 start-up (imports, config) and writing the results, its CPU seconds and peak RSS are that process's
@@ -11,6 +12,11 @@ With --repeats > 1 the cases are run round-robin (A B C A B C: the machine's loa
 and the median of each column is printed. Policy rows also give their time as a multiple of vllm's at
 the same load (`x vllm`, from the simulation's wall time). Memory per request: peak RSS over requests at
 200k, and the slope between 20k and 200k requests (what each further request costs).
+
+Where BLIS (the Go peer, issue 27) is built (`--blis`, $BLIS, or ${TMPDIR:-/tmp}/blis/bin/blis; the
+workspace's shared/tools/blis/README.md builds it), the main command and sixteen replicas at 16x are each
+followed by BLIS replaying the same trace (A B A B), and a second table gives both CPU seconds and their
+ratio (blis_side.py says how BLIS is run).
 """
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import blis_side
 
 CONF = Path(__file__).resolve().parents[2] / "testbed" / "conf" / "policy"
 # the main command before issue 23 made the validated configuration the default: the roofline, Llama-3-8B,
@@ -54,9 +62,32 @@ def run_case(overrides: list[str], workdir: str) -> dict:
         raise SystemExit(f"{' '.join(cmd)} failed ({status}):\n{err[-3000:]}")
     summary = json.loads((Path(workdir) / "summary.json").read_text())
     info = json.loads((Path(workdir) / "run_info.json").read_text())
-    return {"requests": summary["num_requests"], "steps": summary["num_steps"], "events": summary["num_events"],
+    return {"requests": summary["num_requests"], "finished": summary["completed"],
+            "e2e_ms": summary["mean_e2el_ms"], "steps": summary["num_steps"], "events": summary["num_events"],
             "wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "run": info["run_s"],
             "rss_mib": usage.ru_maxrss / 1024}
+
+
+def find_blis(args, tmp: str) -> blis_side.Blis | None:
+    binary, tools = blis_side.find_binary(args.blis), blis_side.find_tools(args.blis_tools)
+    if binary is None or tools is None:
+        print(f"BLIS skipped: {'no blis binary (give --blis or build it: shared/tools/blis/README.md)' if binary is None else 'no shared/tools/blis with azure_to_tracev2.py (give --blis-tools)'}",
+              flush=True)
+        return None
+    print(f"BLIS: {binary}, --cache-signal-delay 0, alternating with our runs", flush=True)
+    return blis_side.Blis(binary, tools, Path(args.blis_src) if args.blis_src else None, tmp)
+
+
+def print_peer(med: dict, got: dict, peer: dict) -> None:
+    """Ours beside BLIS per case: medians of the alternating runs, and the ratio of those medians."""
+    print("\n| case (against BLIS) | runs | finished ours / BLIS | mean E2E ms ours / BLIS | ours CPU s | BLIS CPU s "
+          "| ours / BLIS | peak RSS MiB ours / BLIS |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, ms in peer.items():
+        b = {k: statistics.median(m[k] for m in ms) for k in ms[0]}
+        o = med[name]
+        print(f"| {name} | {len(ms)} | {o['finished']:.0f} / {b['finished']:.0f} | {o['e2e_ms']:.0f} / {b['e2e_ms']:.0f} | "
+              f"{o['cpu']:.2f} | {b['cpu']:.2f} | {o['cpu'] / b['cpu']:.2f} | {o['rss_mib']:.0f} / {b['rss_mib']:.0f} |")
 
 
 def main() -> None:
@@ -64,6 +95,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--only", nargs="*", default=[], help="run only the cases whose name contains one of these")
     ap.add_argument("--policies", default=",".join(sorted(p.stem for p in CONF.glob("*.yaml"))))
+    ap.add_argument("--blis", help="the BLIS binary (default: $BLIS, then ${TMPDIR:-/tmp}/blis/bin/blis)")
+    ap.add_argument("--blis-src", help="BLIS's source folder, its working directory (default: BIN/../../src/blis)")
+    ap.add_argument("--blis-tools", help="shared/tools/blis (default: found in a folder above the repository)")
+    ap.add_argument("--no-blis", action="store_true", help="do not run BLIS even where it is built")
     args = ap.parse_args()
     todo = cases(args.policies.split(","))
     if args.only:
@@ -71,12 +106,17 @@ def main() -> None:
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
           f"{args.repeats} repeat(s), load average {os.getloadavg()[0]:.2f} at the start", flush=True)
     got: dict[str, list[dict]] = {n: [] for n in todo}
+    peer: dict[str, list[dict]] = {n: [] for n in todo if n in blis_side.COUNTERPARTS}
     with tempfile.TemporaryDirectory(prefix="speed_") as tmp:
+        blis = None if args.no_blis or not peer else find_blis(args, tmp)
         for r in range(args.repeats):
             for i, (name, overrides) in enumerate(todo.items()):
                 got[name].append(run_case(overrides, f"{tmp}/{r}_{i}"))
                 m = got[name][-1]
                 print(f"  {name}: wall {m['wall']:.2f} s, run {m['run']:.2f} s", file=sys.stderr, flush=True)
+                if blis and name in peer:
+                    peer[name].append(b := blis.run(name, f"{tmp}/{r}_{i}_blis"))
+                    print(f"  {name}, BLIS: wall {b['wall']:.2f} s, CPU {b['cpu']:.2f} s", file=sys.stderr, flush=True)
     med = {n: {k: statistics.median(m[k] for m in ms) for k in ms[0]} for n, ms in got.items()}
     print("\n| case | requests | engine steps | events | wall s | CPU s | simulation s | x vllm | peak RSS MiB |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -87,6 +127,8 @@ def main() -> None:
             ratio = f"{m['run'] / base['run']:.2f}" if base else ""
         print(f"| {name} | {m['requests']:.0f} | {m['steps']:.0f} | {m['events']:.0f} | {m['wall']:.2f} | "
               f"{m['cpu']:.2f} | {m['run']:.2f} | {ratio} | {m['rss_mib']:.0f} |")
+    if blis:
+        print_peer(med, got, peer)
     if "20k requests" in med and "200k requests" in med:
         a, b = med["20k requests"], med["200k requests"]
         slope = (b["rss_mib"] - a["rss_mib"]) * 1024 / (b["requests"] - a["requests"])
