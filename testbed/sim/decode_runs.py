@@ -220,6 +220,21 @@ class DeferredRun:
             heapq.heappush(heap, (self._next_call(j), j))
 
 
+class ClosedLoopRun(DeferredRun):
+    """A decode run under closed-loop sessions on several replicas. The old planner ended a window at
+    every other replica's step end (a finish there may release a turn here at once), so its windows
+    cannot be replayed from the deliveries alone: the simulator keeps one timeout per old window
+    (each scheduled when and for where the old one was, so every tie falls as before) and plans the
+    next window at each (`plan_window`), without planning the batch or completing its steps."""
+
+    __slots__ = ()
+
+    def plan_window(self, next_arrival: float) -> None:
+        """The old planner at the end of the window in flight: the next window's steps start before
+        `next_arrival` (`_plan`; the caller has summed the run past the window in flight)."""
+        self._plan(self.hi + 1, next_arrival, 0)
+
+
 class StepwiseRun(DeferredRun):
     """A decode run on a replica that used to plan every step (a disaggregated decode replica):
     each step is a window of its own, its KV taken when reached.

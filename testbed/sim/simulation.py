@@ -48,7 +48,7 @@ from testbed.core.loop import ReplayOutcome, StepLoop
 from testbed.core.policy import BasePolicy
 from testbed.core.request import Request, RequestState, Status
 from testbed.core.router import ReplicaView, Router
-from testbed.sim.decode_runs import DeferredRun, DeliveryLog, deferrable, moved_timeout
+from testbed.sim.decode_runs import CHUNK, ClosedLoopRun, DeferredRun, DeliveryLog, deferrable, moved_timeout
 from testbed.sim.sessions import ClosedLoopSessions
 
 _INF = float("inf")
@@ -95,9 +95,11 @@ class Simulation:
         # (testbed/sim/decode_runs.py); a policy's arrival hook would see the run's progress, so not then,
         # nor with async scheduling (an arrival held back past a run's cut is not replayed yet)
         # (`per_replica_runs=False`: every arrival cuts every run, the reference the tests compare with)
-        self._per_replica = (per_replica_runs and fast_forward and sessions is None and replicas > 1
-                             and not async_scheduling
-                             and not any(_has_arrival_hook(loop.policy) for loop in self.loops))
+        deferred = (per_replica_runs and fast_forward and replicas > 1 and not async_scheduling
+                    and not any(_has_arrival_hook(loop.policy) for loop in self.loops))
+        self._per_replica = deferred and sessions is None
+        # closed loop: a run whose old windows (cut at every other replica's step end) are replayed as it goes
+        self._closed_runs = deferred and sessions is not None
         self._log = DeliveryLog()
         self._chain = 0  # the delivery whose timeout brought the arrivals being delivered
         self._runs: list[DeferredRun | None] = [None] * replicas
@@ -191,6 +193,24 @@ class Simulation:
                 loop.complete(batch, env.now)
                 continue
             next_arrival = self._next_arrival() if self.sessions is None else self._next_possible_arrival(i)
+            if self._closed_runs and self._defer_closed_run(i, batch, next_arrival):
+                run = self._runs[i]
+                while True:  # one timeout per old window, where the old planner's window ended
+                    self._step_end[i] = end = run.ends[run.hi]
+                    yield env.timeout(end - env.now)
+                    if self._stop():  # the old loop stopped after this window
+                        run.cut()
+                    if run.hi >= run.k - 1 and not run.complete:  # the steps summed so far are done: sum more
+                        run.extend(end)
+                    if run.hi >= run.k - 1:
+                        break
+                    run.plan_window(self._next_possible_arrival(i))
+                self._runs[i] = None
+                self._in_step[i] = False
+                loop.complete(batch, env.now)
+                if self.sessions.children:
+                    self._release_turns(batch)
+                continue
             if self.fast_forward and loop.extend_decode_run(batch, step_time, next_arrival, self._horizon):
                 self._step_end[i] = batch.ends[-1]
                 yield env.timeout(batch.ends[-1] - env.now)
@@ -233,7 +253,12 @@ class Simulation:
         return not self._releases and not any(loop.has_work for j, loop in enumerate(self.loops) if j != i)
 
     def _deliver(self, req: Request) -> None:
-        if self._per_replica:
+        if self._closed_runs:
+            i = self._route(req)
+            run = self._runs[i]
+            if run is not None:  # the run ends with the old window in flight, as the old one did
+                run.cut()
+        elif self._per_replica:
             d = self._log.add(req.arrival, self.env.now, self._chain)
             i = self._route(req)
             run = self._runs[i]
@@ -290,6 +315,29 @@ class Simulation:
         run = self._runs[i] = DeferredRun(loop, batch, self._log, self._next_arrival(), more or None)
         self._run_end[i] = self.env.timeout(run.ends[-1] - self.env.now)
         self._run_end_at[i] = run.ends[-1]
+        return True
+
+    def _defer_closed_run(self, i: int, batch, next_arrival: float) -> bool:
+        """Closed loop: start a decode run that other replicas' step ends no longer cut (one plan and
+        one completion), its old windows replayed as they are reached (`ClosedLoopRun`): the first one's
+        steps start before `next_arrival`, each next one's before `_next_possible_arrival` at its start.
+        Only where the run as a whole is one (steady, its KV growth to its first finish fits) and
+        deferrable; else the old window is planned as before."""
+        loop, step_time, horizon = self.loops[i], self.cost_model.step_time, self._horizon
+        lookahead = batch.start + CHUNK * step_time(batch.shape)  # summed first: about CHUNK steps
+        if not loop.extend_decode_run(batch, step_time, lookahead, horizon, allocate=False):
+            return False
+        more = self._lazy_rest(loop, batch, lookahead)
+        if more is None:  # summed to the first finish at once
+            batch.ends = None
+            loop.series.steps[-1] = 1
+            if not loop.extend_decode_run(batch, step_time, _INF, horizon, allocate=False):
+                return False
+        if not deferrable(batch):
+            batch.ends = None
+            loop.series.steps[-1] = 1
+            return False
+        self._runs[i] = ClosedLoopRun(loop, batch, self._log, next_arrival, more or None)
         return True
 
     def _lazy_rest(self, loop, batch, lookahead: float):
