@@ -194,13 +194,13 @@ def session_requests(specs, grid: float | None):
 
 
 def closed_replay(reqs, policy, router, knobs, replicas, num_blocks, cost, per_replica_runs, cache_decode,
-                  think_time_s=None):
+                  think_time_s=None, async_scheduling=False):
     from testbed.sim.sessions import ClosedLoopSessions
 
     rec = Recorded(make_router(router, **knobs))
     sim = Simulation(reqs, lambda: StepLoop(make_policy(policy), BlockManager(num_blocks, 4, True, 0, cache_decode),
                                             SchedulerLimits(64, 6, 10_000), cost, record_token_times=True),
-                     cost, replicas, rec, per_replica_runs=per_replica_runs,
+                     cost, replicas, rec, per_replica_runs=per_replica_runs, async_scheduling=async_scheduling,
                      sessions=ClosedLoopSessions(reqs, think_time_s))
     out = sim.run()
     return sim, out, rec.picks
@@ -210,18 +210,19 @@ def closed_replay(reqs, policy, router, knobs, replicas, num_blocks, cost, per_r
           suppress_health_check=[HealthCheck.too_slow])
 @given(specs=specs_st, router=st.sampled_from(ROUTERS), policy=st.sampled_from(POLICIES),
        replicas=st.integers(2, 5), num_blocks=st.integers(12, 60), tied=st.booleans(),
-       cache_decode=st.sampled_from(["scheduled", "finished"]), think=st.sampled_from([None, 0.0, 0.5]))
+       cache_decode=st.sampled_from(["scheduled", "finished"]), think=st.sampled_from([None, 0.0, 0.5]),
+       async_scheduling=st.booleans())
 def test_closed_loop_runs_cut_only_by_their_own_arrivals_change_no_result(specs, router, policy, replicas, num_blocks,
-                                                                          tied, cache_decode, think):
+                                                                          tied, cache_decode, think, async_scheduling):
     """Closed-loop sessions: a run that other replicas' step ends no longer cut gives every result of
     the old structure (each replica's run ended at every other replica's step end), ties included."""
     cost = FixedCost(0.25, 0.0) if tied else FixedCost(0.01, 0.0005)
     reqs = session_requests(specs, 0.25 if tied else None)
     name, knobs = router
     new_sim, new, new_picks = closed_replay(reqs, policy, name, knobs, replicas, num_blocks, cost, True, cache_decode,
-                                            think)
+                                            think, async_scheduling)
     old_sim, old, old_picks = closed_replay(reqs, policy, name, knobs, replicas, num_blocks, cost, False, cache_decode,
-                                            think)
+                                            think, async_scheduling)
     assert results(new, new_picks) == results(old, old_picks)
     assert [r.id for r in new.not_arrived] == [r.id for r in old.not_arrived]
     assert plans(new) <= plans(old)

@@ -79,7 +79,7 @@ class DeferredRun:
     its KV taken window by window of the old planner, as the arrivals in `log` are replayed."""
 
     __slots__ = ("loop", "batch", "ends", "k", "log", "hi", "planned_at", "consumed",
-                 "_items", "_computed", "_heap", "_register", "complete", "_more")
+                 "_items", "_computed", "_heap", "_register", "complete", "_more", "_lag")
 
     def __init__(self, loop: StepLoop, batch: Batch, log: DeliveryLog, next_arrival: float,
                  more: tuple | None = None):
@@ -98,6 +98,9 @@ class DeferredRun:
         self._items = [s for s, _ in batch.items]
         self._computed = [s.num_computed for s in self._items]  # until the run completes
         self._register = kv.cache_decode and kv.enable_prefix_caching
+        # vLLM's async scheduling: a step's token is not back when the next step is scheduled, so the
+        # blocks a window's plan (and its run) caches stop one token short (StepLoop._apply, `grow_decode_run`'s lag)
+        self._lag = 1 if loop.async_scheduling and loop.models_async else 0
         self._heap = [(self._next_call(j), j) for j in range(len(self._items))]
         heapq.heapify(self._heap)
         self._plan(0, next_arrival, len(log), first_step_taken=True)
@@ -198,7 +201,7 @@ class DeferredRun:
         s, bs, nc = self._items[j], self.loop.kv.block_size, self._computed[j]
         step = len(s.blocks) * bs - nc
         if self._register:
-            step = min(step, (s.num_cached_blocks + 1) * bs - nc - 1)
+            step = min(step, (s.num_cached_blocks + 1) * bs - nc - 1 + self._lag)
         return step
 
     def _take(self, step: int) -> None:
@@ -216,7 +219,7 @@ class DeferredRun:
             s = items[j]
             kv.allocate(s, step + 1)  # num_computed is the run's start until it completes
             if self._register:
-                kv.register(s, computed[j] + step + 1)
+                kv.register(s, computed[j] + step + 1 - self._lag)
             heapq.heappush(heap, (self._next_call(j), j))
 
 
@@ -254,6 +257,7 @@ class StepwiseRun(DeferredRun):
         self._items = [s for s, _ in batch.items]
         self._computed = [s.num_computed for s in self._items]
         self._register = kv.cache_decode and kv.enable_prefix_caching
+        self._lag = 0
         self._heap = [(self._next_call(j), j) for j in range(len(self._items))]
         heapq.heapify(self._heap)
 

@@ -95,10 +95,11 @@ class Simulation:
         # (testbed/sim/decode_runs.py); a policy's arrival hook would see the run's progress, so not then,
         # nor with async scheduling (an arrival held back past a run's cut is not replayed yet)
         # (`per_replica_runs=False`: every arrival cuts every run, the reference the tests compare with)
-        deferred = (per_replica_runs and fast_forward and replicas > 1 and not async_scheduling
+        deferred = (per_replica_runs and fast_forward and replicas > 1
                     and not any(_has_arrival_hook(loop.policy) for loop in self.loops))
-        self._per_replica = deferred and sessions is None
-        # closed loop: a run whose old windows (cut at every other replica's step end) are replayed as it goes
+        self._per_replica = deferred and sessions is None and not async_scheduling
+        # closed loop: a run whose old windows (cut at every other replica's step end) are replayed as it
+        # goes; async scheduling too (an arrival held back past the cut arrives after the next real plan)
         self._closed_runs = deferred and sessions is not None
         self._log = DeliveryLog()
         self._chain = 0  # the delivery whose timeout brought the arrivals being delivered
@@ -160,7 +161,8 @@ class Simulation:
             if self._stop():
                 raise Stopped
             batch = loop.plan(env.now) if loop.has_work else None
-            if self._held[i]:  # seen by the plan after this one
+            held = bool(self._held[i])
+            if held:  # seen by the plan after this one
                 self._release(i)
                 if batch is None:
                     continue
@@ -193,7 +195,8 @@ class Simulation:
                 loop.complete(batch, env.now)
                 continue
             next_arrival = self._next_arrival() if self.sessions is None else self._next_possible_arrival(i)
-            if self._closed_runs and self._defer_closed_run(i, batch, next_arrival):
+            # (not after an arrival held back: the plan was steady without it, the next one may not be)
+            if self._closed_runs and not held and self._defer_closed_run(i, batch, next_arrival):
                 run = self._runs[i]
                 while True:  # one timeout per old window, where the old planner's window ended
                     self._step_end[i] = end = run.ends[run.hi]
