@@ -235,7 +235,12 @@ class ClosedLoopRun(DeferredRun):
     def plan_window(self, next_arrival: float) -> None:
         """The old planner at the end of the window in flight: the next window's steps start before
         `next_arrival` (`_plan`; the caller has summed the run past the window in flight)."""
-        self._plan(self.hi + 1, next_arrival, 0)
+        first = self.hi + 1
+        if self.ends[first] >= next_arrival:  # one step (most windows): `_plan`'s outcome, without its search
+            self._take(first)
+            self.hi = first
+        else:
+            self._plan(first, next_arrival, 0)
 
 
 class StepwiseRun(DeferredRun):

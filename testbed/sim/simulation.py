@@ -237,15 +237,19 @@ class Simulation:
         """Closed loop: the earliest time a request may reach replica i. Besides the known arrivals,
         a turn is released no earlier than its parent's finish, which on another replica happens at
         the end of its step in flight, or (one with work about to plan) from now on."""
-        t = self._next_arrival()
+        d = self._delivered
+        t = self.requests[d].arrival if d < len(self.requests) else _INF
+        if self._releases and self._releases[0] < t:
+            t = self._releases[0]
         if self.sessions.children:
-            now = self.env.now
+            in_step, step_end = self._in_step, self._step_end
             for j, loop in enumerate(self.loops):
                 if j != i:
-                    if self._in_step[j]:
-                        t = min(t, self._step_end[j])
+                    if in_step[j]:
+                        if step_end[j] < t:
+                            t = step_end[j]
                     elif loop.has_work:
-                        return now
+                        return self.env.now
         return t
 
     def _no_more_arrivals(self, i: int) -> bool:
