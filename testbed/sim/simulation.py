@@ -20,7 +20,8 @@ AsyncScheduler instead (testbed/vllm_backend/native_sim.py).
 With several replicas (open loop, fast_forward), a replica's fast-forwarded decode run is cut only by
 the arrivals the router sends to it (testbed/sim/decode_runs.py): an arrival sent elsewhere no longer
 ends every replica's run, and the results are bit-identical to cutting them all (the KV a mid-run
-replica shows the router and the cut points are replayed from the old rule). Not with closed-loop sessions, async scheduling, or a policy that has an arrival hook.
+replica shows the router and the cut points are replayed from the old rule). Not with async scheduling
+or a policy that has an arrival hook; closed-loop sessions have their own (below).
 
 `run(stop)` ends early, cleanly, once `stop()` turns true (a signal raised it): the
 processes look at it only between steps and before an arrival, so every request's state is
@@ -29,9 +30,13 @@ consistent; finished requests keep their results and the rest are marked interru
 Closed-loop sessions (`sessions`, testbed/sim/sessions.py): the arrival process walks only the
 turns that arrive at their timestamps; a turn whose parent is in the run is held until the parent
 finishes (checked after each completed step) and then released by a SimPy timeout of its think
-time. A replica's decode run ends at its own first finish; with several replicas it also ends by
-the end of every other replica's step in flight (a finish there may release a turn to it), so
-merged steps stay exact.
+time. A replica's decode run ends at its own first finish; with several replicas the old planner also
+ended it by the end of every other replica's step in flight (a finish there may release a turn to it),
+planning and completing it again each time. Now (fast_forward, no arrival hook) a run is planned and
+completed once and cut only by an arrival routed to its replica (`ClosedLoopRun`,
+testbed/sim/decode_runs.py): what is left of each old window is a timeout at its end, scheduled when
+the old one was (so ties fall as before), where the next window's bound is read and its KV blocks
+taken. The results are bit-identical to the old structure (`per_replica_runs=False`).
 """
 from __future__ import annotations
 
