@@ -50,7 +50,7 @@ def results(out, picks):
     per_loop = []
     for loop in out.loops:
         states = [(s.req.id, s.status, s.first_scheduled, s.first_token_time, s.finish_time, s.num_generated,
-                   s.num_preemptions, s.prefix_hit_tokens, tuple(s.token_times)) for s in loop.states]
+                   s.num_preemptions, s.prefix_hit_tokens, tuple(s.token_times or ())) for s in loop.states]
         series = loop.series
         steps = [(a, a + d, p, n, r, w) for a, d, p, n, r, w in zip(series.start, series.duration, series.prefill_tokens,
                                                                      series.decode_tokens, series.running, series.waiting)]
@@ -170,3 +170,71 @@ def test_fast_forwarded_decode_replicas_change_no_disaggregated_result(specs, ro
     old_sim, old = disagg_replay(reqs, "vllm", name, knobs, n_prefill, n_decode, decode_blocks, cost, link, False)
     assert new == old
     assert plans(new_sim.decode) <= plans(old_sim.decode)
+
+
+# --------------------------------------------------------------------------- closed-loop sessions
+
+def session_requests(specs, grid: float | None):
+    """Sessions of up to three turns: each turn after the first names the one before as its parent
+    (a prompt that extends the parent's sequence, its ids too) and may record a think time."""
+    out, parent = [], {}
+    for i, (t, (_, p, o, h, sid)) in enumerate(zip(sorted(t for t, *_ in specs), specs)):
+        if grid is not None:
+            t = round(t / grid) * grid
+        key = sid or f"s{i}"
+        pid, think = parent.get(key, (-1, -1.0))
+        prev = out[pid] if pid >= 0 else None
+        prompt = p if prev is None else prev.total_len + p
+        ids = h if prev is None else prev.prefix_hashes + h
+        out.append(Request(id=i, arrival=(64.0 if grid else 4.0) + t, prompt_len=prompt, output_len=o,
+                           prefix_hashes=ids[:-(-prompt // 8)], prefix_block_tokens=8, session_id=key,
+                           parent_id=pid, think_time=think))
+        parent[key] = (i, (0.0, 0.25, -1.0)[i % 3] if grid else (0.0, 0.013, -1.0)[i % 3])
+    return out
+
+
+def closed_replay(reqs, policy, router, knobs, replicas, num_blocks, cost, per_replica_runs, cache_decode,
+                  think_time_s=None, async_scheduling=False):
+    from testbed.sim.sessions import ClosedLoopSessions
+
+    rec = Recorded(make_router(router, **knobs))
+    sim = Simulation(reqs, lambda: StepLoop(make_policy(policy), BlockManager(num_blocks, 4, True, 0, cache_decode),
+                                            SchedulerLimits(64, 6, 10_000), cost, record_token_times=True),
+                     cost, replicas, rec, per_replica_runs=per_replica_runs, async_scheduling=async_scheduling,
+                     sessions=ClosedLoopSessions(reqs, think_time_s))
+    out = sim.run()
+    return sim, out, rec.picks
+
+
+@settings(max_examples=int(os.environ.get("PROPERTY_EXAMPLES", 60)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(specs=specs_st, router=st.sampled_from(ROUTERS), policy=st.sampled_from(POLICIES),
+       replicas=st.integers(2, 5), num_blocks=st.integers(12, 60), tied=st.booleans(),
+       cache_decode=st.sampled_from(["scheduled", "finished"]), think=st.sampled_from([None, 0.0, 0.5]),
+       async_scheduling=st.booleans())
+def test_closed_loop_runs_cut_only_by_their_own_arrivals_change_no_result(specs, router, policy, replicas, num_blocks,
+                                                                          tied, cache_decode, think, async_scheduling):
+    """Closed-loop sessions: a run that other replicas' step ends no longer cut gives every result of
+    the old structure (each replica's run ended at every other replica's step end), ties included."""
+    cost = FixedCost(0.25, 0.0) if tied else FixedCost(0.01, 0.0005)
+    reqs = session_requests(specs, 0.25 if tied else None)
+    name, knobs = router
+    new_sim, new, new_picks = closed_replay(reqs, policy, name, knobs, replicas, num_blocks, cost, True, cache_decode,
+                                            think, async_scheduling)
+    old_sim, old, old_picks = closed_replay(reqs, policy, name, knobs, replicas, num_blocks, cost, False, cache_decode,
+                                            think, async_scheduling)
+    assert results(new, new_picks) == results(old, old_picks)
+    assert [r.id for r in new.not_arrived] == [r.id for r in old.not_arrived]
+    assert plans(new) <= plans(old)
+
+
+def test_busy_closed_loop_replicas_plan_fewer_times_with_the_same_results():
+    """Four replicas kept busy by sessions: each run is planned and completed once, not once per
+    other replica's step."""
+    specs = [(0.05 * i, 8 + i % 7, 30 + (i * 7) % 25, (), f"s{i % 20}") for i in range(60)]
+    reqs = session_requests(specs, None)
+    cost = FixedCost(0.01, 0.0005)
+    new_sim, new, new_picks = closed_replay(reqs, "vllm", "round_robin", {}, 4, 200, cost, True, "scheduled")
+    old_sim, old, old_picks = closed_replay(reqs, "vllm", "round_robin", {}, 4, 200, cost, False, "scheduled")
+    assert results(new, new_picks) == results(old, old_picks)
+    assert plans(new) < 0.7 * plans(old), (plans(new), plans(old))

@@ -1,6 +1,7 @@
 """The simulator's speed, side by side in one run: the README's main command (and the same under the
 defaults before issue 23), the simulation alone,
-4x load, sixteen replicas at 16x load, every policy at 1x and 4x, and 200k requests.
+4x load, sixteen replicas at 16x load, every policy at 1x and 4x, closed-loop sessions on four replicas
+(against the same requests open loop), and 200k requests.
 
 Usage: python experiments/benchmarks/speed.py [--repeats 1] [--only SUBSTR ...] [--policies vllm,sarathi]
                                              [--blis PATH/bin/blis] [--blis-tools DIR] [--no-blis]
@@ -45,6 +46,15 @@ def cases(policies: list[str]) -> dict[str, list[str]]:
     for p in policies:
         for load in (1, 4):
             out[f"policy {p} {load}x"] = [f"policy={p}", f"trace.rate_scale={load}"]
+    # closed-loop sessions on four busy replicas against the same requests replayed open loop (x open: its time
+    # as a multiple of the open loop's); 2000 seeded sessions of four turns (testbed/app/analysis/fingerprint.py)
+    from testbed.app.analysis.fingerprint import write_session_trace
+
+    sessions = write_session_trace(Path(tempfile.gettempdir()) / "testbed_speed_sessions.jsonl", sessions=2000)
+    for replay in ("open", "closed"):
+        out[f"sessions {replay} loop, 4 replicas"] = [
+            "trace=qwen_bailian", f"trace.path={sessions}", f"trace.session_replay={replay}", "frontend=none",
+            "backend.replicas=4", "router=session_affinity", "trace.rate_scale=4"]
     for n in (20_000, 200_000):  # Poisson arrivals at the Azure conv trace's rate, its length distribution
         out[f"{n // 1000}k requests"] = ["trace=poisson", f"trace.num_requests={n}", "trace.rate=5.527"]
     return out
@@ -125,6 +135,8 @@ def main() -> None:
         if name.startswith("policy "):
             base = med.get(f"policy vllm {name.rsplit(' ', 1)[1]}")
             ratio = f"{m['run'] / base['run']:.2f}" if base else ""
+        elif name.startswith("sessions closed") and "sessions open loop, 4 replicas" in med:
+            ratio = f"{m['cpu'] / med['sessions open loop, 4 replicas']['cpu']:.2f} x open (CPU s)"
         print(f"| {name} | {m['requests']:.0f} | {m['steps']:.0f} | {m['events']:.0f} | {m['wall']:.2f} | "
               f"{m['cpu']:.2f} | {m['run']:.2f} | {ratio} | {m['rss_mib']:.0f} |")
     if blis:

@@ -79,7 +79,7 @@ class DeferredRun:
     its KV taken window by window of the old planner, as the arrivals in `log` are replayed."""
 
     __slots__ = ("loop", "batch", "ends", "k", "log", "hi", "planned_at", "consumed",
-                 "_items", "_computed", "_heap", "_register", "complete", "_more")
+                 "_items", "_computed", "_heap", "_register", "complete", "_more", "_lag")
 
     def __init__(self, loop: StepLoop, batch: Batch, log: DeliveryLog, next_arrival: float,
                  more: tuple | None = None):
@@ -98,6 +98,9 @@ class DeferredRun:
         self._items = [s for s, _ in batch.items]
         self._computed = [s.num_computed for s in self._items]  # until the run completes
         self._register = kv.cache_decode and kv.enable_prefix_caching
+        # vLLM's async scheduling: a step's token is not back when the next step is scheduled, so the
+        # blocks a window's plan (and its run) caches stop one token short (StepLoop._apply, `grow_decode_run`'s lag)
+        self._lag = 1 if loop.async_scheduling and loop.models_async else 0
         self._heap = [(self._next_call(j), j) for j in range(len(self._items))]
         heapq.heapify(self._heap)
         self._plan(0, next_arrival, len(log), first_step_taken=True)
@@ -198,7 +201,7 @@ class DeferredRun:
         s, bs, nc = self._items[j], self.loop.kv.block_size, self._computed[j]
         step = len(s.blocks) * bs - nc
         if self._register:
-            step = min(step, (s.num_cached_blocks + 1) * bs - nc - 1)
+            step = min(step, (s.num_cached_blocks + 1) * bs - nc - 1 + self._lag)
         return step
 
     def _take(self, step: int) -> None:
@@ -216,8 +219,28 @@ class DeferredRun:
             s = items[j]
             kv.allocate(s, step + 1)  # num_computed is the run's start until it completes
             if self._register:
-                kv.register(s, computed[j] + step + 1)
+                kv.register(s, computed[j] + step + 1 - self._lag)
             heapq.heappush(heap, (self._next_call(j), j))
+
+
+class ClosedLoopRun(DeferredRun):
+    """A decode run under closed-loop sessions on several replicas. The old planner ended a window at
+    every other replica's step end (a finish there may release a turn here at once), so its windows
+    cannot be replayed from the deliveries alone: the simulator keeps one timeout per old window
+    (each scheduled when and for where the old one was, so every tie falls as before) and plans the
+    next window at each (`plan_window`), without planning the batch or completing its steps."""
+
+    __slots__ = ()
+
+    def plan_window(self, next_arrival: float) -> None:
+        """The old planner at the end of the window in flight: the next window's steps start before
+        `next_arrival` (`_plan`; the caller has summed the run past the window in flight)."""
+        first = self.hi + 1
+        if self.ends[first] >= next_arrival:  # one step (most windows): `_plan`'s outcome, without its search
+            self._take(first)
+            self.hi = first
+        else:
+            self._plan(first, next_arrival, 0)
 
 
 class StepwiseRun(DeferredRun):
@@ -239,6 +262,7 @@ class StepwiseRun(DeferredRun):
         self._items = [s for s, _ in batch.items]
         self._computed = [s.num_computed for s in self._items]
         self._register = kv.cache_decode and kv.enable_prefix_caching
+        self._lag = 0
         self._heap = [(self._next_call(j), j) for j in range(len(self._items))]
         heapq.heapify(self._heap)
 

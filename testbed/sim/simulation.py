@@ -20,7 +20,8 @@ AsyncScheduler instead (testbed/vllm_backend/native_sim.py).
 With several replicas (open loop, fast_forward), a replica's fast-forwarded decode run is cut only by
 the arrivals the router sends to it (testbed/sim/decode_runs.py): an arrival sent elsewhere no longer
 ends every replica's run, and the results are bit-identical to cutting them all (the KV a mid-run
-replica shows the router and the cut points are replayed from the old rule). Not with closed-loop sessions, async scheduling, or a policy that has an arrival hook.
+replica shows the router and the cut points are replayed from the old rule). Not with async scheduling
+or a policy that has an arrival hook; closed-loop sessions have their own (below).
 
 `run(stop)` ends early, cleanly, once `stop()` turns true (a signal raised it): the
 processes look at it only between steps and before an arrival, so every request's state is
@@ -29,9 +30,13 @@ consistent; finished requests keep their results and the rest are marked interru
 Closed-loop sessions (`sessions`, testbed/sim/sessions.py): the arrival process walks only the
 turns that arrive at their timestamps; a turn whose parent is in the run is held until the parent
 finishes (checked after each completed step) and then released by a SimPy timeout of its think
-time. A replica's decode run ends at its own first finish; with several replicas it also ends by
-the end of every other replica's step in flight (a finish there may release a turn to it), so
-merged steps stay exact.
+time. A replica's decode run ends at its own first finish; with several replicas the old planner also
+ended it by the end of every other replica's step in flight (a finish there may release a turn to it),
+planning and completing it again each time. Now (fast_forward, no arrival hook) a run is planned and
+completed once and cut only by an arrival routed to its replica (`ClosedLoopRun`,
+testbed/sim/decode_runs.py): what is left of each old window is a timeout at its end, scheduled when
+the old one was (so ties fall as before), where the next window's bound is read and its KV blocks
+taken. The results are bit-identical to the old structure (`per_replica_runs=False`).
 """
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ from testbed.core.loop import ReplayOutcome, StepLoop
 from testbed.core.policy import BasePolicy
 from testbed.core.request import Request, RequestState, Status
 from testbed.core.router import ReplicaView, Router
-from testbed.sim.decode_runs import DeferredRun, DeliveryLog, deferrable, moved_timeout
+from testbed.sim.decode_runs import CHUNK, ClosedLoopRun, DeferredRun, DeliveryLog, deferrable, moved_timeout
 from testbed.sim.sessions import ClosedLoopSessions
 
 _INF = float("inf")
@@ -95,9 +100,12 @@ class Simulation:
         # (testbed/sim/decode_runs.py); a policy's arrival hook would see the run's progress, so not then,
         # nor with async scheduling (an arrival held back past a run's cut is not replayed yet)
         # (`per_replica_runs=False`: every arrival cuts every run, the reference the tests compare with)
-        self._per_replica = (per_replica_runs and fast_forward and sessions is None and replicas > 1
-                             and not async_scheduling
-                             and not any(_has_arrival_hook(loop.policy) for loop in self.loops))
+        deferred = (per_replica_runs and fast_forward and replicas > 1
+                    and not any(_has_arrival_hook(loop.policy) for loop in self.loops))
+        self._per_replica = deferred and sessions is None and not async_scheduling
+        # closed loop: a run whose old windows (cut at every other replica's step end) are replayed as it
+        # goes; async scheduling too (an arrival held back past the cut arrives after the next real plan)
+        self._closed_runs = deferred and sessions is not None
         self._log = DeliveryLog()
         self._chain = 0  # the delivery whose timeout brought the arrivals being delivered
         self._runs: list[DeferredRun | None] = [None] * replicas
@@ -158,7 +166,8 @@ class Simulation:
             if self._stop():
                 raise Stopped
             batch = loop.plan(env.now) if loop.has_work else None
-            if self._held[i]:  # seen by the plan after this one
+            held = bool(self._held[i])
+            if held:  # seen by the plan after this one
                 self._release(i)
                 if batch is None:
                     continue
@@ -191,6 +200,25 @@ class Simulation:
                 loop.complete(batch, env.now)
                 continue
             next_arrival = self._next_arrival() if self.sessions is None else self._next_possible_arrival(i)
+            # (not after an arrival held back: the plan was steady without it, the next one may not be)
+            if self._closed_runs and not held and self._defer_closed_run(i, batch, next_arrival):
+                run = self._runs[i]
+                while True:  # one timeout per old window, where the old planner's window ended
+                    self._step_end[i] = end = run.ends[run.hi]
+                    yield env.timeout(end - env.now)
+                    if self._stop():  # the old loop stopped after this window
+                        run.cut()
+                    if run.hi >= run.k - 1 and not run.complete:  # the steps summed so far are done: sum more
+                        run.extend(end)
+                    if run.hi >= run.k - 1:
+                        break
+                    run.plan_window(self._next_possible_arrival(i))
+                self._runs[i] = None
+                self._in_step[i] = False
+                loop.complete(batch, env.now)
+                if self.sessions.children:
+                    self._release_turns(batch)
+                continue
             if self.fast_forward and loop.extend_decode_run(batch, step_time, next_arrival, self._horizon):
                 self._step_end[i] = batch.ends[-1]
                 yield env.timeout(batch.ends[-1] - env.now)
@@ -214,15 +242,19 @@ class Simulation:
         """Closed loop: the earliest time a request may reach replica i. Besides the known arrivals,
         a turn is released no earlier than its parent's finish, which on another replica happens at
         the end of its step in flight, or (one with work about to plan) from now on."""
-        t = self._next_arrival()
+        d = self._delivered
+        t = self.requests[d].arrival if d < len(self.requests) else _INF
+        if self._releases and self._releases[0] < t:
+            t = self._releases[0]
         if self.sessions.children:
-            now = self.env.now
+            in_step, step_end = self._in_step, self._step_end
             for j, loop in enumerate(self.loops):
                 if j != i:
-                    if self._in_step[j]:
-                        t = min(t, self._step_end[j])
+                    if in_step[j]:
+                        if step_end[j] < t:
+                            t = step_end[j]
                     elif loop.has_work:
-                        return now
+                        return self.env.now
         return t
 
     def _no_more_arrivals(self, i: int) -> bool:
@@ -233,7 +265,12 @@ class Simulation:
         return not self._releases and not any(loop.has_work for j, loop in enumerate(self.loops) if j != i)
 
     def _deliver(self, req: Request) -> None:
-        if self._per_replica:
+        if self._closed_runs:
+            i = self._route(req)
+            run = self._runs[i]
+            if run is not None:  # the run ends with the old window in flight, as the old one did
+                run.cut()
+        elif self._per_replica:
             d = self._log.add(req.arrival, self.env.now, self._chain)
             i = self._route(req)
             run = self._runs[i]
@@ -290,6 +327,29 @@ class Simulation:
         run = self._runs[i] = DeferredRun(loop, batch, self._log, self._next_arrival(), more or None)
         self._run_end[i] = self.env.timeout(run.ends[-1] - self.env.now)
         self._run_end_at[i] = run.ends[-1]
+        return True
+
+    def _defer_closed_run(self, i: int, batch, next_arrival: float) -> bool:
+        """Closed loop: start a decode run that other replicas' step ends no longer cut (one plan and
+        one completion), its old windows replayed as they are reached (`ClosedLoopRun`): the first one's
+        steps start before `next_arrival`, each next one's before `_next_possible_arrival` at its start.
+        Only where the run as a whole is one (steady, its KV growth to its first finish fits) and
+        deferrable; else the old window is planned as before."""
+        loop, step_time, horizon = self.loops[i], self.cost_model.step_time, self._horizon
+        lookahead = batch.start + CHUNK * step_time(batch.shape)  # summed first: about CHUNK steps
+        if not loop.extend_decode_run(batch, step_time, lookahead, horizon, allocate=False):
+            return False
+        more = self._lazy_rest(loop, batch, lookahead)
+        if more is None:  # summed to the first finish at once
+            batch.ends = None
+            loop.series.steps[-1] = 1
+            if not loop.extend_decode_run(batch, step_time, _INF, horizon, allocate=False):
+                return False
+        if not deferrable(batch):
+            batch.ends = None
+            loop.series.steps[-1] = 1
+            return False
+        self._runs[i] = ClosedLoopRun(loop, batch, self._log, next_arrival, more or None)
         return True
 
     def _lazy_rest(self, loop, batch, lookahead: float):
