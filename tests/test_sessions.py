@@ -285,9 +285,10 @@ def test_the_engine_and_vllm_refuse_closed_loop_replay(tmp_path):
 @pytest.mark.parametrize("extra", [(), ("backend.async_scheduling=true",), ("trace.think_time_s=0",),
                                    ("backend.replicas=3",), ("backend.replicas=3", "backend.async_scheduling=true")])
 def test_closed_loop_fast_forward_is_exact(tmp_path, extra):
-    """A replica's decode runs end at its first finish and by the end of every other replica's step
-    in flight, so a turn released by a finish anywhere is seen by the next planning: merging steps
-    changes no request's times."""
+    """A replica's decode run is planned and completed once and cut only by an arrival routed to it (the
+    other replicas' step ends are replayed as cut points that neither plan nor complete: sim/decode_runs.py
+    ClosedLoopRun), so a turn released by a finish anywhere is seen as it would be step by step: merging
+    steps changes no request's times."""
     path = write(tmp_path / "s.jsonl", session_rows(n_sessions=30, turns=3, hashes=False, gap=3.0, spacing=0.2))
     merged = run(path, "trace.session_replay=closed", *extra)
     stepped = run(path, "trace.session_replay=closed", "backend.fast_forward=false", *extra)
