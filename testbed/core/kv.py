@@ -309,14 +309,12 @@ class BlockManager:
             i = shared
         if i < full:
             rid, own_rid, own_idx, own_seq = state.req.id, self._own_rid, self._own_idx, self._own_seq
-            seq = self._seq
-            for j in range(i, full):  # once per block of every prompt: a for over a range is the cheapest loop
-                b = blocks[j]
+            base = self._seq - i  # block j is registered base + j-th
+            for j, b in enumerate(blocks[i:full], i):  # once per block of every prompt
                 own_rid[b] = rid
                 own_idx[b] = j
-                own_seq[b] = seq
-                seq += 1
-            self._seq = seq
+                own_seq[b] = base + j
+            self._seq = base + full
             i = full
         state.num_cached_blocks = i
         if self._radix is not None:
@@ -580,11 +578,12 @@ class BlockManager:
         if not state.req.prefix_hashes and k < PRIVATE:
             # the common case: nobody else holds its blocks, its first k are its own tree blocks
             # (a chain: only the last can be a leaf), the rest cache nothing
-            for b in blocks:
-                ref[b] = 0
             tree = blocks[:k]
             for b in tree:
+                ref[b] = 0
                 queue[b] = None
+            for b in blocks[k:]:
+                ref[b] = 0
             radix.released(k, [tree[-1]] if k and not kids[tree[-1]] else [])
             self._front += blocks[k:][::-1]  # blocks[k] first in line
         else:

@@ -116,6 +116,8 @@ class RadixLRU:
         left the tree, the new tail one node), re-insert the prompt (splits at its page boundary,
         L487-502), then look the sequence up again (L524), which stamps the whole path last."""
         t1 = self._tick()
+        t3 = t1 + 1  # the lookup after the insert (below)
+        stamp = self.stamp
         if m:
             self._split(blocks[m - 1], t1)  # the node it left the tree inside keeps this insert's stamp
         if m < full:
@@ -128,18 +130,20 @@ class RadixLRU:
                 kids[blocks[m - 1]] += 1
             # one loop over the node's blocks (this runs over every block of every prompt and answer:
             # Python 3.11 stores into a list in a loop several times faster than map(list.__setitem__, ...))
+            # (the new blocks take the lookup's stamp here already: nothing between reads it)
             prev = head
+            stamp[head] = t3
             for b in seg[1:]:
                 parent[b] = prev
                 cont[prev] = b
                 kids[prev] = 1
+                stamp[b] = t3
                 prev = b
             self.size += full - m
         if 0 < prompt < full:
             self._split(blocks[prompt - 1], None)
-        t3 = self._tick()
-        stamp = self.stamp
-        for b in blocks[:full]:
+        self.clock = t3
+        for b in blocks[:m]:
             stamp[b] = t3
         if m == full and full:
             self._split(blocks[full - 1], t3)
