@@ -453,6 +453,12 @@ class BlockManager:
             return
         if need > len(self._front) + len(self._queue):
             raise KVCapacityError(f"needed {need} KV blocks, {self.num_free_blocks} free")
+        front = self._front
+        if need == 1 and front:  # a decode step's one block (page size 1: every step), without the calls
+            b = front.pop()  # the queue's head in either mode: it caches nothing, so it evicts nothing
+            self._ref[b] = 1
+            state.blocks.append(b)
+            return
         self._grab(state.blocks, need)
 
     def grow_decode_run(self, states: list[RequestState], k: int, lag: int = 0) -> bool:
