@@ -54,7 +54,7 @@ def results(out, picks):
         series = loop.series
         steps = [(a, a + d, p, n, r, w) for a, d, p, n, r, w in zip(series.start, series.duration, series.prefill_tokens,
                                                                      series.decode_tokens, series.running, series.waiting)]
-        per_loop.append((states, sorted(loop.itl), list(loop.kv._queue), loop.num_steps, sum(series.steps),
+        per_loop.append((states, sorted(loop.itl), list(loop.kv.free_order()), loop.num_steps, sum(series.steps),
                          _coalesced(steps, series.steps)))
     return picks, per_loop, getattr(out, "end_time", None)
 

@@ -13,7 +13,8 @@ against the cache as its plan's earlier items will leave it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterable
+from itertools import chain
+from typing import Iterable, Iterator
 
 from testbed.core.radix_lru import RadixLRU
 from testbed.core.request import Request, RequestState
@@ -103,7 +104,15 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.num_host_blocks = num_host_blocks
         self._ref = [0] * num_blocks
-        self._queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # unowned blocks, LRU first
+        # The free queue (every block no request holds, the next allocated first) in two parts: `_front`,
+        # the blocks queued at its front, which cache nothing, as a stack (the queue's head is its last
+        # item), then `_queue`, the rest, cached or not, LRU first. The front is where the common
+        # case lives (every block at the start, a request's uncached blocks when it leaves, and every
+        # block of a cache that keeps none): a run of them is taken or returned in one list slice, not
+        # one OrderedDict call per block (page size 1 makes every token a block). A cached block is
+        # never in `_front`, so a hit revives it from `_queue`.
+        self._front: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._queue: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[int, list[int]] = {}  # shared content key -> blocks holding it, first registered first
         self._key_of: dict[int, int] = {}  # block -> shared content key
         self._own_rid = [-1] * num_blocks  # request whose own content a block caches, or -1
@@ -125,11 +134,15 @@ class BlockManager:
     # --- capacity -------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._queue)
+        return len(self._front) + len(self._queue)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._queue)
+        return self.num_blocks - len(self._front) - len(self._queue)
+
+    def free_order(self) -> Iterator[int]:
+        """The free queue from its head (the next block allocated) to its tail."""
+        return chain(reversed(self._front), self._queue)
 
     @property
     def num_free_host_blocks(self) -> int:
@@ -139,7 +152,7 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._queue)
+        return num_blocks <= len(self._front) + len(self._queue)
 
     def blocks_needed(self, state: RequestState, num_new_tokens: int) -> int:
         return max(0, self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks))
@@ -207,8 +220,8 @@ class BlockManager:
         """Free blocks that admitting a waiting request with `num_new_tokens` would consume:
         its new blocks plus the cached prefix blocks it takes off the free queue."""
         hit = self._matched_blocks(state)
-        queue = self._queue
-        revived = sum(1 for i in range(hit) if self._hit_block(state, i) in queue)
+        ref = self._ref  # a block is free (queued) exactly when no request holds it
+        revived = sum(1 for i in range(hit) if ref[self._hit_block(state, i)] == 0)
         return self.blocks_for(hit * self.block_size + num_new_tokens) - hit + revived
 
     def acquire_prefix(self, state: RequestState, max_tokens: int | None = None) -> int:
@@ -297,14 +310,12 @@ class BlockManager:
             i = shared
         if i < full:
             rid, own_rid, own_idx, own_seq = state.req.id, self._own_rid, self._own_idx, self._own_seq
-            seq = self._seq
-            for j in range(i, full):  # once per block of every prompt: a for over a range is the cheapest loop
-                b = blocks[j]
+            base = self._seq - i  # block j is registered base + j-th
+            for j, b in enumerate(blocks[i:full], i):  # once per block of every prompt
                 own_rid[b] = rid
                 own_idx[b] = j
-                own_seq[b] = seq
-                seq += 1
-            self._seq = seq
+                own_seq[b] = base + j
+            self._seq = base + full
             i = full
         state.num_cached_blocks = i
         if self._radix is not None:
@@ -320,7 +331,9 @@ class BlockManager:
             self._radix.make_uncached(num_blocks)
             return
         queue, own_rid, key_of = self._queue, self._own_rid, self._key_of
-        uncached = 0
+        uncached = len(self._front)  # the front caches nothing
+        if uncached >= num_blocks:
+            return
         for b in queue:  # usually enough uncached blocks sit at the head: stop there
             if own_rid[b] < 0 and b not in key_of:
                 uncached += 1
@@ -368,14 +381,16 @@ class BlockManager:
         blocks[i] = other
         ref[b] -= 1
         if ref[b] == 0:
-            queue[b] = None
-            queue.move_to_end(b, last=False)
+            self._front.append(b)
 
     def _grab(self, blocks: list[int], need: int) -> None:
         """Append `need` blocks from the free queue's head to `blocks` (evicting what they
         cached); capacity was checked. In SGLang's mode the radix tree evicts for them (`_grab_radix`)."""
         if self._radix is not None:
             self._grab_radix(blocks, need)
+            return
+        need = self._grab_front(blocks, need)
+        if not need:
             return
         pop, ref, own_rid, key_of, append = self._queue.popitem, self._ref, self._own_rid, self._key_of, blocks.append
         for _ in range(need):  # once per block of every request: bound methods, positional `last`
@@ -387,33 +402,64 @@ class BlockManager:
             ref[b] = 1
             append(b)
 
-    def _grab_radix(self, blocks: list[int], need: int) -> None:
-        """`_grab` in SGLang's mode: the free blocks that cache nothing first (the queue's head),
-        then the blocks the radix tree evicts for the rest, in eviction order; a whole leaf's
-        blocks beyond the need stay free at the queue's front, next in line."""
-        radix, queue, ref, append = self._radix, self._queue, self._ref, blocks.append
-        assert radix is not None
-        uncached = len(queue) - radix.free_cached
-        evicted = radix.evict(need - uncached) if need > uncached else []
-        pop = queue.popitem
-        for _ in range(min(need, uncached)):
-            b = pop(False)[0]
+    def _grab_front(self, blocks: list[int], need: int) -> int:
+        """Append up to `need` blocks from the front (they cache nothing: no eviction) to `blocks`,
+        in one slice; returns how many are still needed."""
+        front = self._front
+        n = len(front)
+        if not n:
+            return need
+        if need < n:
+            run = front[n - need:]
+            del front[n - need:]
+        else:
+            run = front[:]
+            front.clear()
+        run.reverse()
+        ref = self._ref
+        for b in run:  # a loop stores into a list faster than map(ref.__setitem__, ...) does
             ref[b] = 1
-            append(b)
-        k = need - min(need, uncached)
+        blocks += run
+        return need - len(run)
+
+    def _grab_radix(self, blocks: list[int], need: int) -> None:
+        """`_grab` in SGLang's mode: the free blocks that cache nothing first (the queue's head:
+        in this mode `_front` holds exactly those), then the blocks the radix tree evicts for the
+        rest, in eviction order; a whole leaf's blocks beyond the need stay free at the queue's
+        front, next in line."""
+        radix, queue, ref = self._radix, self._queue, self._ref
+        assert radix is not None
+        k = self._grab_front(blocks, need)
+        if not k:
+            return
+        evicted = radix.evict(k)
         for b in evicted[:k]:
             del queue[b]
             ref[b] = 1
-            append(b)
-        for b in reversed(evicted[k:]):
-            queue.move_to_end(b, last=False)
+        blocks += evicted[:k]
+        self._to_front(evicted[k:])
+
+    def _to_front(self, evicted: list[int]) -> None:
+        """Free blocks just evicted (uncached now) move from `_queue` to the queue's head, the first of
+        them first in line."""
+        if evicted:
+            queue = self._queue
+            for b in evicted:
+                del queue[b]
+            self._front += evicted[::-1]
 
     def allocate(self, state: RequestState, num_new_tokens: int) -> None:
         need = self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks)
         if need <= 0:
             return
-        if need > len(self._queue):
-            raise KVCapacityError(f"needed {need} KV blocks, {len(self._queue)} free")
+        if need > len(self._front) + len(self._queue):
+            raise KVCapacityError(f"needed {need} KV blocks, {self.num_free_blocks} free")
+        front = self._front
+        if need == 1 and front:  # a decode step's one block (page size 1: every step), without the calls
+            b = front.pop()  # the queue's head in either mode: it caches nothing, so it evicts nothing
+            self._ref[b] = 1
+            state.blocks.append(b)
+            return
         self._grab(state.blocks, need)
 
     def grow_decode_run(self, states: list[RequestState], k: int, lag: int = 0) -> bool:
@@ -424,7 +470,7 @@ class BlockManager:
         False, changing nothing, when the free blocks do not cover them all."""
         bs = self.block_size
         needs = [-(-(s.num_computed + k) // bs) - len(s.blocks) for s in states]
-        if sum([n for n in needs if n > 0]) > len(self._queue):
+        if sum([n for n in needs if n > 0]) > len(self._front) + len(self._queue):
             return False
         if self._radix is not None:  # SGLang's mode: each request's blocks as `allocate` takes them
             for s, need in zip(states, needs):
@@ -438,8 +484,17 @@ class BlockManager:
         own_idx, own_seq = self._own_idx, self._own_seq
         tag = self.cache_decode and self.enable_prefix_caching
         inline_register = type(self).register is BlockManager.register
+        front = self._front
         for s, need in zip(states, needs):
             blocks = s.blocks
+            if need > 0 and front:
+                if need == 1:  # the usual decode step's block, without a call
+                    b = front.pop()
+                    ref[b] = 1
+                    blocks.append(b)
+                    need = 0
+                else:
+                    need = self._grab_front(blocks, need)
             while need > 0:
                 b = pop(last=False)[0]
                 if own_rid[b] >= 0:
@@ -486,14 +541,15 @@ class BlockManager:
                 self.register(state, min(len(keys), len(blocks), state.num_computed // self.block_size) * self.block_size)
                 k = state.num_cached_blocks
             k = max(k, min(len(blocks), state.num_computed // self.block_size))
-        if not state.req.prefix_hashes and k < PRIVATE:
-            # the common case: nobody else holds its blocks, the first k are cached (one store per
+        if (not state.req.prefix_hashes or not self.enable_prefix_caching) and k < PRIVATE:
+            # the common case: nobody else holds its blocks (its keys are its own, or nothing is
+            # cached: no block is ever shared or tagged), the first k are cached (one store per
             # block: OrderedDict.update(dict.fromkeys(...)) measured a third slower than this loop)
             for b in blocks:
                 ref[b] = 0
             for b in reversed(blocks[:k]):
                 queue[b] = None
-            first = blocks[k:][::-1]
+            self._front += blocks[k:]  # the last block first in line
         else:
             first = []
             as_cached = k if k < PRIVATE else 0  # registered, or (SGLang, finished) full
@@ -505,9 +561,7 @@ class BlockManager:
                         queue[b] = None
                     else:
                         first.append(b)
-        for b in reversed(first):
-            queue[b] = None
-            queue.move_to_end(b, last=False)
+            self._front += first[::-1]  # the last block first in line
         if finished:
             state._past_blocks = []
         elif self.enable_prefix_caching and state.blocks:
@@ -531,13 +585,14 @@ class BlockManager:
         if not state.req.prefix_hashes and k < PRIVATE:
             # the common case: nobody else holds its blocks, its first k are its own tree blocks
             # (a chain: only the last can be a leaf), the rest cache nothing
-            for b in blocks:
-                ref[b] = 0
             tree = blocks[:k]
             for b in tree:
+                ref[b] = 0
                 queue[b] = None
+            for b in blocks[k:]:
+                ref[b] = 0
             radix.released(k, [tree[-1]] if k and not kids[tree[-1]] else [])
-            first = blocks[k:]
+            self._front += blocks[k:][::-1]  # blocks[k] first in line
         else:
             first, leaves = [], []
             n = 0
@@ -552,11 +607,8 @@ class BlockManager:
                             leaves.append(b)
                     else:
                         first.append(b)
-            first.reverse()
             radix.released(n, leaves)
-        for b in first[::-1]:
-            queue[b] = None
-            queue.move_to_end(b, last=False)
+            self._front += first  # (descending) the lowest first in line
         if finished:
             state._past_blocks = []
         elif blocks:
@@ -576,8 +628,8 @@ class BlockManager:
 
     def swap_in(self, state: RequestState) -> int:
         n = state.swapped_blocks
-        if n > len(self._queue):
-            raise KVCapacityError(f"swap in needed {n} KV blocks, {len(self._queue)} free")
+        if n > self.num_free_blocks:
+            raise KVCapacityError(f"swap in needed {n} KV blocks, {self.num_free_blocks} free")
         self._grab(state.blocks, n)
         state.num_cached_blocks = PRIVATE  # swapped-in copies are never registered
         self._host_used -= n
@@ -593,6 +645,10 @@ class BlockManager:
         """Every block is exactly one of free (queued) / owned, ref counts match owners, and
         the cache's two maps agree."""
         owners = [0] * self.num_blocks
+        free = set(self.free_order())
+        assert len(free) == self.num_free_blocks, "a block is queued twice"
+        for b in self._front:
+            assert self._own_rid[b] < 0 and b not in self._key_of, f"block {b} caches content at the queue's front"
         host = 0
         for s in states:
             assert len(set(s.blocks)) == len(s.blocks), f"request {s.id} holds a block twice: {s.blocks}"
@@ -600,8 +656,8 @@ class BlockManager:
                 owners[b] += 1
             host += s.swapped_blocks
         for b in range(self.num_blocks):
-            where = (b in self._queue) + (owners[b] > 0)
-            assert where == 1, f"block {b}: queued={b in self._queue} owners={owners[b]}"
+            where = (b in free) + (owners[b] > 0)
+            assert where == 1, f"block {b}: queued={b in free} owners={owners[b]}"
             assert self._ref[b] == owners[b], f"block {b}: ref count {self._ref[b]} but {owners[b]} owners"
             if owners[b] > 1:
                 assert b in self._key_of, f"block {b} is shared by {owners[b]} requests but is not a cached block"
@@ -633,7 +689,7 @@ class KVPreview:
 
     def __init__(self, kv: BlockManager):
         self.kv = kv
-        self._head = iter(kv._queue)  # the queue is not changed while a policy plans
+        self._head = kv.free_order()  # the queue is not changed while a policy plans
         self._taken: set[int] = set()  # queued blocks this plan's allocations take (and evict)
         self._touched: set[int] = set()  # queued cached blocks this plan's hits take off the queue
         self._new: set = set()  # keys this plan's items register
@@ -709,7 +765,7 @@ class KVPreview:
             self._catch_up()
         cap = (state.known_len - 1) // kv.block_size
         keys = kv.prefix_keys(state)
-        queue, taken, touched, new, cached = kv._queue, self._taken, self._touched, self._new, kv._cached
+        ref, taken, touched, new, cached = kv._ref, self._taken, self._touched, self._new, kv._cached
         revive: list[int] = []
         n = 0
         # the shared-prefix blocks first, their holders read straight off the cache (`candidates`' first case,
@@ -723,7 +779,7 @@ class KVPreview:
             if block is None:
                 if keys[n] not in new:
                     return n, revive
-            elif block in queue and block not in touched:
+            elif ref[block] == 0 and block not in touched:  # free: queued (a cached block is never in _front)
                 revive.append(block)
         else:
             n = min(cap, len(keys))
@@ -731,7 +787,7 @@ class KVPreview:
             block = next((b for b in kv.candidates(state, n) if b not in taken), None)
             if block is None and not (n < len(keys) and keys[n] in new):
                 break
-            if block is not None and block in queue and block not in touched:
+            if block is not None and ref[block] == 0 and block not in touched:
                 revive.append(block)
             n += 1
         return n, revive

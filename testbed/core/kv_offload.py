@@ -131,8 +131,8 @@ class OffloadingBlockManager(BlockManager):
     def admission_blocks(self, state: RequestState, num_new_tokens: int) -> int:
         """As BlockManager's, plus a fresh block for every block loaded from host."""
         d, h = self._matched(state)
-        queue = self._queue
-        revived = sum(1 for i in range(d) if self._hit_block(state, i) in queue)
+        ref = self._ref  # a block is free (queued) exactly when no request holds it
+        revived = sum(1 for i in range(d) if ref[self._hit_block(state, i)] == 0)
         return self.blocks_for((d + h) * self.block_size + num_new_tokens) - d + revived
 
     def acquire_prefix(self, state: RequestState, max_tokens: int | None = None) -> int:
@@ -145,7 +145,7 @@ class OffloadingBlockManager(BlockManager):
             d, h = min(d, total), total - min(d, total)
         got = super().acquire_prefix(state, d * bs) // bs  # counts the lookup in the device statistics
         self.offload_queried_tokens += state.known_len - got * bs
-        h = min(h, len(self._queue))
+        h = min(h, self.num_free_blocks)
         if not h:
             return got * bs
         keys = self.prefix_keys(state)[got:got + h]

@@ -31,8 +31,6 @@ line, so one allocation of n blocks and n allocations of one take the same block
 from __future__ import annotations
 
 import heapq
-from collections import deque
-from itertools import repeat
 
 
 class RadixLRU:
@@ -99,7 +97,9 @@ class RadixLRU:
         if not path:
             return
         t = self._tick()
-        deque(map(self.stamp.__setitem__, path, repeat(t)), 0)
+        stamp = self.stamp
+        for b in path:  # a loop stores into a list several times faster than map(stamp.__setitem__, ...)
+            stamp[b] = t
         last = path[-1]
         self._split(last, t)
         self._push_if_leaf(last)
@@ -116,6 +116,8 @@ class RadixLRU:
         left the tree, the new tail one node), re-insert the prompt (splits at its page boundary,
         L487-502), then look the sequence up again (L524), which stamps the whole path last."""
         t1 = self._tick()
+        t3 = t1 + 1  # the lookup after the insert (below)
+        stamp = self.stamp
         if m:
             self._split(blocks[m - 1], t1)  # the node it left the tree inside keeps this insert's stamp
         if m < full:
@@ -126,16 +128,23 @@ class RadixLRU:
             parent[head] = blocks[m - 1] if m else -1
             if m:
                 kids[blocks[m - 1]] += 1
-            # one C-level pass per array (a Python loop per block costs several times more: this
-            # runs over every block of every prompt and answer)
-            deque(map(parent.__setitem__, seg[1:], seg), 0)
-            deque(map(cont.__setitem__, seg, seg[1:]), 0)
-            deque(map(kids.__setitem__, seg[:-1], repeat(1)), 0)
+            # one loop over the node's blocks (this runs over every block of every prompt and answer:
+            # Python 3.11 stores into a list in a loop several times faster than map(list.__setitem__, ...))
+            # (the new blocks take the lookup's stamp here already: nothing between reads it)
+            prev = head
+            stamp[head] = t3
+            for b in seg[1:]:
+                parent[b] = prev
+                cont[prev] = b
+                kids[prev] = 1
+                stamp[b] = t3
+                prev = b
             self.size += full - m
         if 0 < prompt < full:
             self._split(blocks[prompt - 1], None)
-        t3 = self._tick()
-        deque(map(self.stamp.__setitem__, blocks[:full], repeat(t3)), 0)
+        self.clock = t3
+        for b in blocks[:m]:
+            stamp[b] = t3
         if m == full and full:
             self._split(blocks[full - 1], t3)
 
@@ -162,11 +171,9 @@ class RadixLRU:
         """Evict until `num_blocks` free blocks cache nothing, or nothing is evictable
         (`evict_to_free_tokens`: evict the shortfall); the evicted blocks go to the free queue's
         front, in eviction order."""
-        short = num_blocks - (len(self.kv._queue) - self.free_cached)
+        short = num_blocks - (self.kv.num_free_blocks - self.free_cached)
         if short > 0:
-            move = self.kv._queue.move_to_end
-            for b in reversed(self.evict(short)):
-                move(b, last=False)
+            self.kv._to_front(self.evict(short))
 
     def evict(self, num_blocks: int) -> list[int]:
         """`RadixCache.evict`: oldest leaf node first, whole nodes, until `num_blocks` are freed;
@@ -180,21 +187,22 @@ class RadixLRU:
             t, b = heapq.heappop(heap)
             if stamp[b] != t or kids[b] or ref[b] or not (own_rid[b] >= 0 or b in key_of):
                 continue  # stale
-            x = b
-            while True:  # the node: b back to its first block
+            node = [b]  # the node: b back to its first block
+            x, p = b, parent[b]
+            while p >= 0 and cont[p] == x:
+                x = p
+                node.append(x)
+                p = parent[x]
+            for x in node:  # then one pass to drop it from the tree
                 if own_rid[x] >= 0:
                     own_rid[x] = -1
                 else:
                     kv._drop_key(x)
-                out.append(x)
-                evicted += 1
-                p = parent[x]
                 parent[x] = -1
                 kids[x] = 0
-                if p < 0 or cont[p] != x:
-                    break
-                cont[p] = -1
-                x = p
+                cont[x] = -1
+            out += node
+            evicted += len(node)
             if p >= 0:
                 kids[p] -= 1
                 if kids[p] == 0 and ref[p] == 0:
@@ -209,9 +217,9 @@ class RadixLRU:
         n = kv.num_blocks
         tree = [self.in_tree(b) for b in range(n)]
         assert self.size == sum(tree), f"tree size {self.size}, {sum(tree)} tree blocks"
-        assert self.free_cached == sum(1 for b in kv._queue if tree[b]), "free tree-block count is off"
+        assert self.free_cached == sum(1 for b in kv.free_order() if tree[b]), "free tree-block count is off"
         seen_cached = False
-        for b in kv._queue:  # free blocks caching nothing come first
+        for b in kv.free_order():  # free blocks caching nothing come first
             if tree[b]:
                 seen_cached = True
             else:
