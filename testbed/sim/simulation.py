@@ -309,22 +309,13 @@ class Simulation:
         """Start a decode run cut only by arrivals routed to replica i, when there is one to defer:
         summed to about one more arrival per replica ahead, the rest when reached, when a bound on its
         step times shows every end within twice its start; else summed to its first finish now."""
-        loop, step_time, horizon = self.loops[i], self.cost_model.step_time, self._horizon
+        loop = self.loops[i]
         ahead = self._delivered + len(self.loops) - 1  # summed first: to about one more arrival per replica
         lookahead = self.requests[ahead].arrival if ahead < len(self.requests) else _INF
-        if not loop.extend_decode_run(batch, step_time, lookahead, horizon, allocate=False):
+        ok, more = self._sum_run(loop, batch, lookahead)
+        if not ok:
             return False
-        more = self._lazy_rest(loop, batch, lookahead)
-        if more is None:  # summed to the first finish at once
-            batch.ends = None
-            loop.series.steps[-1] = 1
-            if not loop.extend_decode_run(batch, step_time, _INF, horizon, allocate=False):
-                return False
-        if not deferrable(batch):
-            batch.ends = None
-            loop.series.steps[-1] = 1
-            return False
-        run = self._runs[i] = DeferredRun(loop, batch, self._log, self._next_arrival(), more or None)
+        run = self._runs[i] = DeferredRun(loop, batch, self._log, self._next_arrival(), more)
         self._run_end[i] = self.env.timeout(run.ends[-1] - self.env.now)
         self._run_end_at[i] = run.ends[-1]
         return True
@@ -335,22 +326,32 @@ class Simulation:
         steps start before `next_arrival`, each next one's before `_next_possible_arrival` at its start.
         Only where the run as a whole is one (steady, its KV growth to its first finish fits) and
         deferrable; else the old window is planned as before."""
-        loop, step_time, horizon = self.loops[i], self.cost_model.step_time, self._horizon
-        lookahead = batch.start + CHUNK * step_time(batch.shape)  # summed first: about CHUNK steps
-        if not loop.extend_decode_run(batch, step_time, lookahead, horizon, allocate=False):
+        loop = self.loops[i]
+        lookahead = batch.start + CHUNK * self.cost_model.step_time(batch.shape)  # summed first: about CHUNK steps
+        ok, more = self._sum_run(loop, batch, lookahead)
+        if not ok:
             return False
+        self._runs[i] = ClosedLoopRun(loop, batch, self._log, next_arrival, more)
+        return True
+
+    def _sum_run(self, loop, batch, lookahead: float) -> tuple[bool, tuple | None]:
+        """A decode run's steps summed to `lookahead` (or to its first finish at once, where nothing is to
+        be summed later), and what is left to sum past them (`_lazy_rest`, None where nothing); (False, None)
+        where the batch is no deferrable run, left as a one-step batch."""
+        step_time, horizon = self.cost_model.step_time, self._horizon
+        if not loop.extend_decode_run(batch, step_time, lookahead, horizon, allocate=False):
+            return False, None
         more = self._lazy_rest(loop, batch, lookahead)
         if more is None:  # summed to the first finish at once
             batch.ends = None
             loop.series.steps[-1] = 1
             if not loop.extend_decode_run(batch, step_time, _INF, horizon, allocate=False):
-                return False
+                return False, None
         if not deferrable(batch):
             batch.ends = None
             loop.series.steps[-1] = 1
-            return False
-        self._runs[i] = ClosedLoopRun(loop, batch, self._log, next_arrival, more or None)
-        return True
+            return False, None
+        return True, more or None
 
     def _lazy_rest(self, loop, batch, lookahead: float):
         """(the cost model's `decode_run_ends`, k_max, horizon) to sum a run's steps past its first ones later, False when
