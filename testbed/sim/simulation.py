@@ -242,10 +242,7 @@ class Simulation:
         """Closed loop: the earliest time a request may reach replica i. Besides the known arrivals,
         a turn is released no earlier than its parent's finish, which on another replica happens at
         the end of its step in flight, or (one with work about to plan) from now on."""
-        d = self._delivered
-        t = self.requests[d].arrival if d < len(self.requests) else _INF
-        if self._releases and self._releases[0] < t:
-            t = self._releases[0]
+        t = self._next_arrival()
         if self.sessions.children:
             in_step, step_end = self._in_step, self._step_end
             for j, loop in enumerate(self.loops):
