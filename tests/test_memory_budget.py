@@ -29,17 +29,17 @@ def cfg_for(*overrides):
 def test_huge_replica_count_is_refused_before_anything_is_built():
     """A million replicas of Llama-3.1-8B on an H100 would hold 4.6 TB of KV bookkeeping: refused, on any
     machine, before a replica is built, naming backend.replicas and the estimate."""
-    with pytest.raises(MemoryBudgetError, match=r"^backend\.replicas=1000000: the run would hold about 4,591 GB"):
+    with pytest.raises(MemoryBudgetError, match=r"^backend\.replicas=1000000: the run would hold about 1,971 GB"):
         simulate(cfg_for("backend.replicas=1000000", "trace.max_requests=200"))
 
 
 def test_the_budget_key_sets_the_limit_and_names_itself():
-    cfg = cfg_for("backend.replicas=5000", "trace.max_requests=200", "backend.memory_budget_gb=10")
+    cfg = cfg_for("backend.replicas=5000", "trace.max_requests=200", "backend.memory_budget_gb=5")
     with pytest.raises(MemoryBudgetError) as e:
         check_memory(cfg, resolve_model_spec(cfg.model))
     msg = str(e.value)
-    assert msg.startswith("backend.replicas=5000: the run would hold about 23 GB (")
-    assert "5000 replicas x 26197 KV blocks" in msg and "backend.memory_budget_gb=10" in msg
+    assert msg.startswith("backend.replicas=5000: the run would hold about 9.86 GB (")
+    assert "5000 replicas x 26197 KV blocks" in msg and "backend.memory_budget_gb=5" in msg
     check_memory(cfg_for("backend.replicas=5000", "trace.max_requests=200", "backend.memory_budget_gb=30"),
                  resolve_model_spec(cfg.model))  # a budget that holds it lets it run
 
@@ -51,7 +51,7 @@ def test_the_largest_term_is_named_requests_or_disagg_pools():
     cut = cfg_for("trace=servegen", "trace.servegen_rate_scale=1000000", "trace.max_requests=1000")
     check_memory(cut, resolve_model_spec(cut.model))  # the generator stops at the cut: it fits
     disagg = cfg_for("disagg.enabled=true", "disagg.prefill.replicas=2000", "trace.max_requests=20",
-                     "backend.memory_budget_gb=1", "backend.async_scheduling=false")
+                     "backend.memory_budget_gb=0.2", "backend.async_scheduling=false")
     with pytest.raises(MemoryBudgetError, match=r"^disagg\.prefill\.replicas=2000: "):
         simulate(disagg)
 
@@ -87,5 +87,5 @@ def test_testbed_sim_refuses_at_start_with_the_message(tmp_path):
                           f"output.dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "backend.replicas=100000: the run would hold about 459 GB" in out.stderr
+    assert "backend.replicas=100000: the run would hold about 197 GB" in out.stderr
     assert not (tmp_path / "run" / "summary.json").exists()

@@ -6,12 +6,14 @@ The estimate is a sum of measured terms (`experiments/benchmarks/memory_estimate
 counts the bytes the interpreter allocates; each constant is a slope between two sizes, so fixed costs
 drop out; rounded up):
 
-* `BYTES_PER_KV_BLOCK` = 175: one replica's `BlockManager` keeps, for every KV block of the device,
-  its place in the free queue (an OrderedDict entry), its reference count and its cache tags (four
-  list slots), allocated at start whether a block is ever used or not: 166.0 B a block at Llama-3.1-8B's
-  26,197 blocks on an H100 (the same at 1, 10 and 100 replicas), 172.8 B between 20,000 and 200,000
-  blocks. This is where a many-replica run's memory goes: 4.35 MB a replica at the default model and GPU,
-  so 5,000 replicas hold 21.7 GB before the first arrival.
+* `BYTES_PER_KV_BLOCK` = 75: one replica's `BlockManager` keeps, for every KV block of the device,
+  its place in the free queue (at start a slot of a plain list, `_front`, since the free queue keeps its
+  uncached blocks there: issue 27), its reference count and its cache tags (four list slots), allocated
+  at start whether a block is ever used or not. Measured after that change by
+  tests/test_memory_budget.py's tracemalloc count: 5,649,648 B for 3 replicas of Llama-3.1-8B's 26,197
+  H100 blocks, 71.6 B a block once `BYTES_PER_REPLICA` is taken off (175 B with the OrderedDict
+  queue before; the slope benchmark, experiments/benchmarks/memory_estimate.py, is still to re-run).
+  This is where a many-replica run's memory goes: about 2 MB a replica at the default model and GPU.
 * `BYTES_PER_REPLICA` = 6,400: the rest of a replica (its step loop, policy, simpy process, router
   state): a `Simulation` of 16-block replicas, 6,399 B a replica between 10 and 200 replicas.
 * `BYTES_PER_REQUEST` = 4,100: a request through a whole run (its state, its row of the request table,
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BYTES_PER_KV_BLOCK = 175
+BYTES_PER_KV_BLOCK = 75
 BYTES_PER_REPLICA = 6_400
 BYTES_PER_REQUEST = 4_100
 BUDGET_KEY = "backend.memory_budget_gb"
