@@ -5,6 +5,7 @@ defaults before issue 23), the simulation alone,
 
 Usage: python experiments/benchmarks/speed.py [--repeats 1] [--only SUBSTR ...] [--policies vllm,sarathi]
                                              [--blis PATH/bin/blis] [--blis-tools DIR] [--no-blis]
+                                             [--compiled TREE]
 
 Each case is the real command (`python -m testbed ...`) in a fresh process, so its wall time includes
 start-up (imports, config) and writing the results, its CPU seconds and peak RSS are that process's
@@ -17,7 +18,8 @@ the same load (`x vllm`, from the simulation's wall time). Memory per request: p
 Where BLIS (the Go peer, issue 27) is built (`--blis`, $BLIS, or ${TMPDIR:-/tmp}/blis/bin/blis; the
 workspace's shared/tools/blis/README.md builds it), the main command and sixteen replicas at 16x are each
 followed by BLIS replaying the same trace (A B A B), and a second table gives both CPU seconds and their
-ratio (blis_side.py says how BLIS is run).
+ratio (blis_side.py says how BLIS is run). `--compiled TREE` runs every case a second time, right after the
+first, from a tree built with `TESTBED_COMPILE=mypyc python setup.py build_ext --inplace` (rows "mypyc: ...").
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import blis_side
 
+COMPILED = "mypyc: "
 CONF = Path(__file__).resolve().parents[2] / "testbed" / "conf" / "policy"
 # the main command before issue 23 made the validated configuration the default: the roofline, Llama-3-8B,
 # no front end, no async scheduling (the kernel model's cost is in building its tables at start)
@@ -60,10 +63,11 @@ def cases(policies: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def run_case(overrides: list[str], workdir: str) -> dict:
+def run_case(overrides: list[str], workdir: str, tree: str | None = None) -> dict:
     cmd = [sys.executable, "-m", "testbed", *overrides, f"hydra.run.dir={workdir}"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))) if tree else None
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     err = proc.stderr.read().decode()
@@ -88,15 +92,20 @@ def find_blis(args, tmp: str) -> blis_side.Blis | None:
     return blis_side.Blis(binary, tools, Path(args.blis_src) if args.blis_src else None, tmp)
 
 
-def print_peer(med: dict, got: dict, peer: dict) -> None:
+def print_peer(med: dict, peer: dict) -> None:
     """Ours beside BLIS per case: medians of the alternating runs, and the ratio of those medians."""
     print("\n| case (against BLIS) | runs | finished ours / BLIS | mean E2E ms ours / BLIS | ours CPU s | BLIS CPU s "
           "| ours / BLIS | peak RSS MiB ours / BLIS |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, ms in peer.items():
         b = {k: statistics.median(m[k] for m in ms) for k in ms[0]}
-        o = med[name]
-        print(f"| {name} | {len(ms)} | {o['finished']:.0f} / {b['finished']:.0f} | {o['e2e_ms']:.0f} / {b['e2e_ms']:.0f} | "
+        for label in ("", COMPILED):
+            if label + name in med:
+                print_pair(label + name, len(ms), med[label + name], b)
+
+
+def print_pair(name: str, runs: int, o: dict, b: dict) -> None:
+    print(f"| {name} | {runs} | {o['finished']:.0f} / {b['finished']:.0f} | {o['e2e_ms']:.0f} / {b['e2e_ms']:.0f} | "
               f"{o['cpu']:.2f} | {b['cpu']:.2f} | {o['cpu'] / b['cpu']:.2f} | {o['rss_mib']:.0f} / {b['rss_mib']:.0f} |")
 
 
@@ -109,21 +118,25 @@ def main() -> None:
     ap.add_argument("--blis-src", help="BLIS's source folder, its working directory (default: BIN/../../src/blis)")
     ap.add_argument("--blis-tools", help="shared/tools/blis (default: found in a folder above the repository)")
     ap.add_argument("--no-blis", action="store_true", help="do not run BLIS even where it is built")
+    ap.add_argument("--compiled", metavar="TREE", help="a source tree built with TESTBED_COMPILE=mypyc python setup.py "
+                    "build_ext --inplace: every case is also run from it (rows marked 'mypyc')")
     args = ap.parse_args()
     todo = cases(args.policies.split(","))
     if args.only:
         todo = {n: o for n, o in todo.items() if any(x in n for x in args.only)}
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
           f"{args.repeats} repeat(s), load average {os.getloadavg()[0]:.2f} at the start", flush=True)
-    got: dict[str, list[dict]] = {n: [] for n in todo}
+    # the compiled build (setup.py, TESTBED_COMPILE=mypyc) runs each case again from its tree, right after
+    builds = [("", None)] + ([(COMPILED, args.compiled)] if args.compiled else [])
+    got: dict[str, list[dict]] = {label + n: [] for n in todo for label, _ in builds}
     peer: dict[str, list[dict]] = {n: [] for n in todo if n in blis_side.COUNTERPARTS}
     with tempfile.TemporaryDirectory(prefix="speed_") as tmp:
         blis = None if args.no_blis or not peer else find_blis(args, tmp)
         for r in range(args.repeats):
             for i, (name, overrides) in enumerate(todo.items()):
-                got[name].append(run_case(overrides, f"{tmp}/{r}_{i}"))
-                m = got[name][-1]
-                print(f"  {name}: wall {m['wall']:.2f} s, run {m['run']:.2f} s", file=sys.stderr, flush=True)
+                for label, tree in builds:
+                    got[label + name].append(m := run_case(overrides, f"{tmp}/{r}_{i}{label}", tree))
+                    print(f"  {label}{name}: wall {m['wall']:.2f} s, run {m['run']:.2f} s", file=sys.stderr, flush=True)
                 if blis and name in peer:
                     peer[name].append(b := blis.run(name, f"{tmp}/{r}_{i}_blis"))
                     print(f"  {name}, BLIS: wall {b['wall']:.2f} s, CPU {b['cpu']:.2f} s", file=sys.stderr, flush=True)
@@ -132,15 +145,15 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, m in med.items():
         ratio = ""
-        if name.startswith("policy "):
-            base = med.get(f"policy vllm {name.rsplit(' ', 1)[1]}")
+        if name.removeprefix(COMPILED).startswith("policy "):
+            base = med.get(f"{COMPILED if name.startswith(COMPILED) else ''}policy vllm {name.rsplit(' ', 1)[1]}")
             ratio = f"{m['run'] / base['run']:.2f}" if base else ""
-        elif name.startswith("sessions closed") and "sessions open loop, 4 replicas" in med:
-            ratio = f"{m['cpu'] / med['sessions open loop, 4 replicas']['cpu']:.2f} x open (CPU s)"
+        elif name.removeprefix(COMPILED).startswith("sessions closed") and name.replace("closed", "open") in med:
+            ratio = f"{m['cpu'] / med[name.replace('closed', 'open')]['cpu']:.2f} x open (CPU s)"
         print(f"| {name} | {m['requests']:.0f} | {m['steps']:.0f} | {m['events']:.0f} | {m['wall']:.2f} | "
               f"{m['cpu']:.2f} | {m['run']:.2f} | {ratio} | {m['rss_mib']:.0f} |")
     if blis:
-        print_peer(med, got, peer)
+        print_peer(med, peer)
     if "20k requests" in med and "200k requests" in med:
         a, b = med["20k requests"], med["200k requests"]
         slope = (b["rss_mib"] - a["rss_mib"]) * 1024 / (b["requests"] - a["requests"])
