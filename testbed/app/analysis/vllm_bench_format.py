@@ -281,7 +281,10 @@ def bench_result(requests, summary: dict, model_id: str, *, backend: str = "open
         rate = summary.get("offered_request_rate") or 0.0
         request_rate = rate if rate > 0 or len(df) < 2 else "inf"
     good = summary.get("good_requests")
-    errors = ["" if f else f"{o}: {r}" for f, o, r in zip(finished, df["outcome"], df["reason"].fillna(""))]
+    errors = [""] * len(df)  # the failed rows' only: a walk over every row's strings was a third of the file's time
+    failed = np.flatnonzero(~finished)
+    for i, o, r in zip(failed.tolist(), df["outcome"].iloc[failed], df["reason"].iloc[failed].fillna("")):
+        errors[i] = f"{o}: {r}"
     result = {
         "date": date or datetime.now().strftime("%Y%m%d-%H%M%S"),
         "endpoint_type": backend, "backend": backend,
