@@ -1,13 +1,13 @@
 """A command that is its process's only work: no cyclic GC, and no heap torn down at its end.
 
 A simulation leaves hundreds of MB of objects behind it (every request's state, the KV bookkeeping,
-the tables). With the cyclic GC on, building the results after the run makes the first collection
-walk all of them (0.3 s of the main command), and an ordinary interpreter exit collects and frees
-them one by one (0.45 s), memory the OS takes back at once anyway. `run_once` runs the command and
-ends the process with `os._exit` once its exit handlers have run and its output is
-flushed: every file is complete by then (each is written and closed by the command, W&B's and
-logging's hooks run as at any exit). Where a thread other than a daemon is still alive, or the command
-raised (a traceback, an incomplete run's sys.exit), the process ends the ordinary way.
+the tables). With the cyclic GC on, building the results after the run makes its collections walk
+all of them (0.1-0.3 s of the main command), and an ordinary interpreter exit collects and frees them
+one by one (0.4-0.5 s), memory the OS takes back at once anyway. `run_once` runs the command and ends
+the process with `os._exit` once its exit handlers have run and its output is flushed: every file is
+complete by then (each is written and closed by the command; W&B's and logging's hooks run as at any
+exit). Where a thread other than a daemon is still alive, or the command raised (a traceback, an
+incomplete run's sys.exit), the process ends the ordinary way.
 
 The GC goes off (`gc_off_for_good`) where the command knows it is a single run: a sweep's process
 composes and runs job after job, and its garbage must still be collected.
