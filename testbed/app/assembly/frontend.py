@@ -20,7 +20,8 @@ token. The engine itself is untouched: the simulator replays the shifted request
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Sequence
 
 from testbed.core.bounds import bounded, check_ranges
@@ -88,9 +89,18 @@ def to_engine_queue(requests: Sequence[Request], frontend: FrontendConfig) -> tu
     clock = ClientClock({r.id: r.arrival for r in requests}, frontend.output_token_s, frontend.completion_s)
     if not frontend.delays_arrivals:
         return list(requests), clock
-    shifted = [replace(r, arrival=r.arrival + frontend.queue_delay_s(r)) for r in requests]
+    request_s, prompt_token_s = frontend.request_s, frontend.prompt_token_s  # queue_delay_s's terms
+    shifted = [Request(r.id, r.arrival + (request_s + prompt_token_s * r.prompt_len), *_after_arrival(r))
+               for r in requests]
     shifted.sort(key=lambda r: r.arrival)  # stable: equal engine arrivals keep the trace's order
     return shifted, clock
+
+
+# a Request's fields after `arrival`, in order: a shifted copy built positionally (dataclasses.replace,
+# by keyword, took three times as long: 0.2 s for the Azure conv trace's 19,366 requests)
+_FIELDS = [f.name for f in fields(Request)]
+assert _FIELDS[:2] == ["id", "arrival"], _FIELDS
+_after_arrival = attrgetter(*_FIELDS[2:])
 
 
 def without_frontend(cfg, tool: str):

@@ -14,12 +14,10 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from testbed.app.assembly.disagg import simulate_disagg
 from testbed.app.assembly.frontend import to_engine_queue
 from testbed.app.assembly.run_setup import (RunResult, Setup, async_scheduling, build_router, check_memory, finish, log,
                                    prepare, progress_bar, resolve_model_spec)
 from testbed.app.assembly.spec_decode import drafter_factory
-from testbed.app.assembly.vllm_native_run import simulate_native
 from testbed.core.request import Request
 from testbed.core.specs import ModelSpec
 from testbed.sim.sessions import SESSION_REPLAYS, ClosedLoopSessions
@@ -39,8 +37,12 @@ def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: Mod
         if cfg.trace.get("session_replay", "open") != "open":
             raise ValueError("trace.session_replay=closed: the disaggregated simulation (disagg.enabled=true) "
                              "replays open-loop only; use trace.session_replay=open")
+        from testbed.app.assembly.disagg import simulate_disagg  # (here: a co-located run needs none of it)
+
         return simulate_disagg(cfg, stop, model, requests)
     if cfg.policy.name == NATIVE_POLICY:  # vLLM's own scheduler in simulated time
+        from testbed.app.assembly.vllm_native_run import simulate_native
+
         return simulate_native(cfg, stop, model, requests)
     model = model or resolve_model_spec(cfg.model)
     check_memory(cfg, model, num_requests=None if requests is None else len(requests))  # before anything is built

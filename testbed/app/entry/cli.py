@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.app.entry import compose_once
+from testbed.app.entry.one_shot import gc_off_for_good
 from testbed.app.assembly.config import register_configs
 from testbed.app.entry.stop import exit_code, signal_name, stop_on_signals
 from testbed.app.assembly.validate import check_config
@@ -57,6 +58,7 @@ def main(cfg: DictConfig) -> dict:
                 return {"interrupted": True, "started": False}
             summary, signum = run_isolated(_run_and_write, cfg)
     else:
+        gc_off_for_good()  # a single run's process ends with it (app/entry/one_shot.py)
         summary, signum = _run_and_write(cfg)
     write_inputs(cfg.output.dir, inputs)  # last: results with no record of their inputs are never skipped
     return _verdict(cfg, summary, signum)
