@@ -24,7 +24,6 @@ from testbed.core.view import SchedulerView
 
 _WAITING, _RUNNING, _SWAPPED, _FINISHED = Status.WAITING, Status.RUNNING, Status.SWAPPED, Status.FINISHED
 _state_of = itemgetter(0)  # of a plan's (request, tokens) item
-_INF_TIME = float("inf")
 
 
 @dataclass
@@ -392,7 +391,7 @@ class StepLoop:
         if (self._steady_steps is None and one_past is not None and allocate and 1 <= len(ends) < k_max
                 and ends[-1] > next_arrival and not batch.shape.swap_blocks and not batch.shape.load_blocks
                 and batch.start + (ends[-1] - batch.start) == ends[-1]):  # the run without it is one
-            more = self._one_past(batch, step_time, len(ends), horizon, one_past)
+            more = self._one_past(batch, step_time, ends, horizon, one_past)
             if more is not None:
                 ends, folded = more, True
         k = len(ends)
@@ -415,27 +414,32 @@ class StepLoop:
         self.series.steps[-1] = k
         return True
 
-    def _one_past(self, batch: Batch, step_time, k: int, horizon: float, one_past) -> list[float] | None:
+    def _one_past(self, batch: Batch, step_time, ends: list[float], horizon: float, one_past) -> list[float] | None:
         """`ends` and the step that starts at its last end, where its KV growth fits, the clock lands on its
         end both from the run's start and from its own (as a plain step's would), and `one_past` allows
         it (asked last: the backend takes its answer as the run's)."""
         if not self.async_scheduling:
             return None  # nothing is held back: the step after the arrival sees it
+        k = len(ends)
         bs = self.kv.block_size
         if sum([max(0, -(-(s.num_computed + k + 1) // bs) - len(s.blocks)) for s, _ in batch.items]) \
                 > self.kv.num_free_blocks:
             return None
-        if self._cost_step is not None and step_time == self._cost_step:
-            more = self._run_ends(batch.shape, batch.start, k + 1, _INF_TIME, horizon)
-        else:
-            more = decode_run_ends(step_time, batch.shape, batch.start, k + 1, _INF_TIME, horizon)
-        if len(more) != k + 1:
-            return None
-        start, end = more[-2], more[-1]
-        if (start + (end - start) != end or batch.start + (end - batch.start) != end
+        # the step's time is step_time's at its contexts, as every decode_run_ends sums it (and the run summed
+        # the steps before it): one call, not the run again
+        shape = batch.shape
+        ctx0 = shape.decode_kv_tokens
+        shape.decode_kv_tokens = ctx0 + k * shape.num_decode_seqs
+        try:
+            dt = step_time(shape)
+        finally:
+            shape.decode_kv_tokens = ctx0
+        start = ends[-1]
+        end = start + dt
+        if (end >= horizon or start + (end - start) != end or batch.start + (end - batch.start) != end
                 or not one_past(start, end)):
             return None
-        return more
+        return ends + [end]
 
     def _apply_held_step(self, items: list[tuple[RequestState, int]], k: int, lagging: bool) -> None:
         """The KV calls of the plan after a run of `k` steps (the same decode items), made now, in the order
@@ -539,7 +543,7 @@ class StepLoop:
     def _complete_run(self, batch: Batch) -> None:
         ends = batch.ends
         k = len(ends)
-        gaps = [ends[i] - ends[i - 1] for i in range(1, k)]
+        gaps = array("d", [ends[i] - ends[i - 1] for i in range(1, k)])  # copied into `itl` once per request
         first, end = ends[0], ends[-1]
         append, extend = self.itl.append, self.itl.extend  # once per request per run
         any_finished = False

@@ -260,16 +260,27 @@ class KernelCostModel:
         if times is None:
             times = self._decode_memo[n] = {}
         ctx0 = s.decode_kv_tokens
+        # generation_attention's key, round(ctx / n), in integers: ctx0 = q n + r, and each step adds n, so step
+        # i's is q + i, one more where 2 r > n, and where 2 r == n (a tie, rounded to even) the even of q + i and
+        # q + i + 1 (exact: ctx / n is never rounded across a half while ctx < 2**40)
+        q, r = divmod(ctx0, n)
+        exact = ctx0 + k_max * n < 1 << 40
+        up = 1 if 2 * r > n else 0
+        tie = 2 * r == n
         ends: list[float] = []
         t = start
         for i in range(k_max):
             if i and t >= next_arrival:
                 break
-            ctx = ctx0 + i * n
-            length = round(ctx / n)  # generation_attention's key
+            if not exact:
+                length = round((ctx0 + i * n) / n)
+            elif tie:
+                length = q + i + ((q + i) & 1)
+            else:
+                length = q + i + up
             dt = times.get(length)
             if dt is None:
-                s.decode_kv_tokens = ctx
+                s.decode_kv_tokens = ctx0 + i * n
                 try:
                     dt = times[length] = self.step_time(s)
                 finally:
