@@ -115,8 +115,6 @@ class EDFPolicy(BasePolicy):
     def on_arrival(self, s, view) -> None:
         self.queue.push((self.rank(s, view), s.req.arrival, s.req.id), s)
 
-    queue_ends_steady = True  # is_steady is False while a request waits (testbed/sim/simulation.py `_fold`)
-
     def is_steady(self, view) -> bool:
         """With no request waiting and every running request in the batch, the same set
         fits next step (the loop checks KV growth): only the order of decodes could change."""

@@ -106,8 +106,6 @@ class LTRPolicy(BasePolicy):
         self.last.pop(rid, None)
         self._promoted.pop(rid, None)
 
-    queue_ends_steady = True  # is_steady is False while a request waits (testbed/sim/simulation.py `_fold`)
-
     def is_steady(self, view) -> bool:
         """Nobody waiting and every running request in the batch: each step serves everyone
         (counts stay 0; quanta are read off tokens generated, so merged steps spend them

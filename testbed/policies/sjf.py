@@ -62,8 +62,6 @@ class SJFPolicy(BasePolicy):
     def on_arrival(self, s, view) -> None:
         self.queue.push(self._key(s), s)
 
-    queue_ends_steady = True  # is_steady is False while a request waits (testbed/sim/simulation.py `_fold`)
-
     def is_steady(self, view) -> bool:
         """As vLLM: with every running request decoding and nobody waiting, the plan
         repeats until an arrival or a finish (the loop checks KV growth)."""

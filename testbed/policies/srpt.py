@@ -295,8 +295,6 @@ class SRPTPolicy(BasePolicy):
     def on_finish(self, s, view) -> None:
         self.pred.pop(s.req.id, None)
 
-    queue_ends_steady = True  # is_steady is False while a request waits (testbed/sim/simulation.py `_fold`)
-
     def is_steady(self, view) -> bool:
         """With no request waiting and every running request in the batch, the same set
         fits next step (the loop checks KV growth): only the order of decodes could change."""

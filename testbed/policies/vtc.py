@@ -58,8 +58,6 @@ class VTCPolicy(BasePolicy):
     def tenant(self, s) -> str:
         return f"t{s.req.id % self.knobs.tenants}" if self.knobs.tenants else s.req.tenant
 
-    queue_ends_steady = True  # is_steady is False while a request waits (testbed/sim/simulation.py `_fold`)
-
     def is_steady(self, view) -> bool:
         """Nobody waiting: every running request decodes each step until an arrival or a
         finish (output charges are read from progress, so skipped plans lose nothing)."""
