@@ -11,6 +11,8 @@ from testbed.app.entry.cli import CONF_DIR
 from testbed.app.assembly.run_setup import resolve_model_spec
 from testbed.core.cost import BatchShape, decode_run_ends
 from testbed.core.specs import HardwareSpec, ParallelSpec
+from testbed.sim.kernel_cost import KernelCostModel
+from testbed.sim.kernel_db import KernelDB
 from testbed.sim.roofline import RooflineCostModel
 from testbed.sim.spec_cost import SpecDecodeCostModel
 
@@ -35,6 +37,12 @@ COSTS = {
     "tp2": lambda: RooflineCostModel(_model("llama3_1_70b"), _hw("h100"), parallel=ParallelSpec(2)),
     "pp2": lambda: RooflineCostModel(_model("llama3_1_70b"), _hw("h100"), parallel=ParallelSpec(2, 2)),
     "moe": lambda: RooflineCostModel(_model("mixtral_8x7b"), _hw("h100"), parallel=ParallelSpec(2)),
+    # the measured kernels, with the overheads and host terms the default configuration fits (sync and async)
+    "kernels": lambda: KernelCostModel(_model("llama3_8b"), _hw("h100"), ParallelSpec(), KernelDB("h100_sxm", "vllm"),
+                                       step_overhead_s=1e-4, seq_overhead_s=2e-6, host_step_s=1e-3, host_seq_s=1e-5),
+    "kernels_sync_tp2": lambda: KernelCostModel(_model("llama3_1_70b"), _hw("h100"), ParallelSpec(2),
+                                                KernelDB("h100_sxm", "vllm"), kernel_scale=1.1, host_step_s=5e-4,
+                                                async_scheduling=False),
 }
 
 SHAPES = [
@@ -61,6 +69,8 @@ def test_a_runs_end_times_are_one_step_time_call_per_step(name, cut):
         slow = decode_run_ends(cost.step_time, copy(shape), start, 40, next_arrival, horizon)
         assert fast == slow and len(fast) == {"none": 40, "arrival": 8, "horizon": 11}[cut]
         assert all(a < b for a, b in zip(fast, fast[1:]))
+        again = cost.decode_run_ends(shape, start, 40, next_arrival, horizon)  # a memoised model: from its memo
+        assert again == fast
 
 
 def test_the_generic_run_leaves_the_shape_as_it_was():

@@ -354,7 +354,7 @@ class StepLoop:
                 s.prefix_hit_tokens += s.num_computed
 
     def extend_decode_run(self, batch: Batch, step_time, next_arrival: float, horizon: float,
-                          allocate: bool = True) -> bool:
+                          allocate: bool = True, one_past=None) -> bool:
         """Turn a steady all-decode batch into a run of identical decode steps.
 
         When every running request decodes, nothing was admitted or preempted, and the
@@ -369,6 +369,10 @@ class StepLoop:
         time, as the clock would. Returns False (a plain step) when there is no run.
         `allocate=False` checks that the run's KV growth fits but leaves taking the blocks to
         the caller (testbed/sim/decode_runs.py takes them as the steps are reached).
+        `one_past(start, end)`: the backend holds an arrival back until after the next plan (vLLM's async
+        scheduling), so the step that starts after the arrival is planned without it, the same plan
+        again; where a run stops at an arrival, it takes that step too when `one_past` says nothing else
+        reaches the loop at the step's start or end (the backend then delivers the held arrivals as at its start).
         """
         items = batch.items
         if (self.drafter is not None or not self._steady or self._is_steady is None or len(items) != len(self.running)
@@ -383,12 +387,23 @@ class StepLoop:
             ends = decode_run_ends(step_time, batch.shape, batch.start, k_max, next_arrival, horizon)
         if self._steady_steps is not None and len(ends) > 1:  # the policy's plan may change within the run
             del ends[max(1, self._steady_steps(self.view, ends)):]
+        folded = False
+        if (self._steady_steps is None and one_past is not None and allocate and 1 <= len(ends) < k_max
+                and ends[-1] > next_arrival and not batch.shape.swap_blocks and not batch.shape.load_blocks
+                and batch.start + (ends[-1] - batch.start) == ends[-1]):  # the run without it is one
+            more = self._one_past(batch, step_time, ends, horizon, one_past)
+            if more is not None:
+                ends, folded = more, True
         k = len(ends)
         # the clock adds the run's length to now: stay bit-exact
         if k < 2 or batch.start + (ends[-1] - batch.start) != ends[-1]:
             return False
-        if allocate:  # async: the run's last token is not back when the next step is scheduled (`in_flight`)
-            lag = 1 if self.async_scheduling and self.models_async else 0
+        lag = 1 if self.async_scheduling and self.models_async else 0
+        if folded:  # the run that stopped at the arrival, then the plan after it
+            if k > 2 and not self.kv.grow_decode_run([s for s, _ in items], k - 1, lag):
+                raise AssertionError("a folded run's KV growth was checked to fit")
+            self._apply_held_step(items, k - 1, lag == 1)
+        elif allocate:  # async: the run's last token is not back when the next step is scheduled (`in_flight`)
             if not self.kv.grow_decode_run([s for s, _ in items], k, lag):
                 return False
         else:  # only the check of `grow_decode_run`
@@ -398,6 +413,70 @@ class StepLoop:
         batch.ends = ends
         self.series.steps[-1] = k
         return True
+
+    def _one_past(self, batch: Batch, step_time, ends: list[float], horizon: float, one_past) -> list[float] | None:
+        """`ends` and the step that starts at its last end, where its KV growth fits, the clock lands on its
+        end both from the run's start and from its own (as a plain step's would), and `one_past` allows
+        it (asked last: the backend takes its answer as the run's)."""
+        if not self.async_scheduling:
+            return None  # nothing is held back: the step after the arrival sees it
+        k = len(ends)
+        bs = self.kv.block_size
+        if sum([max(0, -(-(s.num_computed + k + 1) // bs) - len(s.blocks)) for s, _ in batch.items]) \
+                > self.kv.num_free_blocks:
+            return None
+        # the step's time is step_time's at its contexts, as every decode_run_ends sums it (and the run summed
+        # the steps before it): one call, not the run again
+        shape = batch.shape
+        ctx0 = shape.decode_kv_tokens
+        shape.decode_kv_tokens = ctx0 + k * shape.num_decode_seqs
+        try:
+            dt = step_time(shape)
+        finally:
+            shape.decode_kv_tokens = ctx0
+        start = ends[-1]
+        end = start + dt
+        if (end >= horizon or start + (end - start) != end or batch.start + (end - batch.start) != end
+                or not one_past(start, end)):
+            return None
+        return ends + [end]
+
+    def _apply_held_step(self, items: list[tuple[RequestState, int]], k: int, lagging: bool) -> None:
+        """The KV calls of the plan after a run of `k` steps (the same decode items), made now, in the order
+        that plan makes them: `_apply`'s allocations and registrations, then (`lagging`: vLLM's async rule,
+        every item's last token in flight) `_cache_landed`'s, in the order of the set `_complete_run` fills.
+        Nothing reaches this loop's cache between the two (one replica; the arrivals are held), so the
+        blocks come out the same."""
+        kv = self.kv
+        bs = kv.block_size
+        cache_decode = kv.cache_decode
+        for s, _ in items:  # the state the run leaves
+            s.num_computed += k
+            s.num_generated += k
+        try:
+            in_flight: set[RequestState] | None = None
+            if cache_decode and lagging:
+                in_flight = set()
+                in_flight.update(s for s, _ in items)
+            for s, _ in items:
+                upto = s.num_computed + 1
+                if upto > len(s.blocks) * bs:
+                    kv.allocate(s, 1)
+                if upto // bs > s.num_cached_blocks and (cache_decode or s.is_prefill):
+                    if in_flight is not None:  # every item sampled in the run's last step
+                        kv.register(s, min(upto, s.req.prompt_len + s.num_generated - 1))
+                    elif cache_decode:
+                        kv.register(s, upto)
+                    else:
+                        self._register_at_completion.append((s, upto))
+            if in_flight is not None:
+                for s in in_flight:
+                    if s.blocks and s.num_computed // bs > s.num_cached_blocks:
+                        kv.register(s, s.num_computed)
+        finally:
+            for s, _ in items:
+                s.num_computed -= k
+                s.num_generated -= k
 
     def complete(self, batch: Batch, now: float) -> None:
         """Advance every request in the batch by its tokens; sample, stamp, finish."""
@@ -464,7 +543,7 @@ class StepLoop:
     def _complete_run(self, batch: Batch) -> None:
         ends = batch.ends
         k = len(ends)
-        gaps = [ends[i] - ends[i - 1] for i in range(1, k)]
+        gaps = array("d", [ends[i] - ends[i - 1] for i in range(1, k)])  # copied into `itl` once per request
         first, end = ends[0], ends[-1]
         append, extend = self.itl.append, self.itl.extend  # once per request per run
         any_finished = False

@@ -70,6 +70,8 @@ class VLLMPolicy(BasePolicy):
     Knobs = VLLMKnobs
     models_async_scheduling = True  # the step loop applies vLLM's async-scheduling rule 4 under async scheduling
 
+    queue_ends_steady = True  # is_steady is False while a request waits (testbed/sim/simulation.py `_fold`)
+
     def is_steady(self, view) -> bool:
         """With every running request decoding and nobody waiting, the plan repeats until
         an arrival or a finish (the loop checks KV growth)."""

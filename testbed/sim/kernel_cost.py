@@ -46,7 +46,7 @@ import math
 
 import numpy as np
 
-from testbed.core.cost import BatchShape, verify_as_decode_rows
+from testbed.core.cost import BatchShape, decode_run_ends, verify_as_decode_rows
 from testbed.core.specs import WEIGHT_DTYPES, HardwareSpec, ModelSpec, ParallelSpec
 from testbed.sim.kernel_db import KernelDB, KernelDBError
 from testbed.sim.sampler_cost import SamplerCost
@@ -117,6 +117,8 @@ class KernelCostModel:
         self._ctx_memo: dict[tuple[int, int], float] = {}
         self._gen_memo: dict[tuple[int, int], float] = {}
         self._big_memo: dict[int, tuple[float, float]] = {}
+        # a plain decode step's time by (sequences, mean context): `decode_run_ends`' steps
+        self._decode_memo: dict[int, dict[int, float]] = {}
 
     # ------------------------------------------------------------ tabulated parts
     def _gemm(self, n: int, k: int, ms: np.ndarray) -> np.ndarray:
@@ -243,6 +245,52 @@ class KernelCostModel:
                + self.step_overhead + self.seq_overhead * seqs + swap)
         host = self.host_step + self.host_seq * seqs
         return (gpu if gpu >= host else host) if self.async_scheduling else gpu + host
+
+
+    def decode_run_ends(self, s: BatchShape, start: float, k_max: int, next_arrival: float,
+                        horizon: float) -> list[float]:
+        """`testbed.core.cost.decode_run_ends` in one call. A plain decode step (no prefill, drafts, swaps
+        or loads) is priced from its sequence count and mean context alone, the key `generation_attention`
+        memoises on, so each step's time is looked up by that key, computed by `step_time` the first time:
+        the same floats, summed in the same order."""
+        n = s.num_decode_seqs
+        if not n or s.num_prefill_seqs or s.num_spec_tokens or s.swap_blocks or s.load_blocks:
+            return decode_run_ends(self.step_time, s, start, k_max, next_arrival, horizon)
+        times = self._decode_memo.get(n)
+        if times is None:
+            times = self._decode_memo[n] = {}
+        ctx0 = s.decode_kv_tokens
+        # generation_attention's key, round(ctx / n), in integers: ctx0 = q n + r, and each step adds n, so step
+        # i's is q + i, one more where 2 r > n, and where 2 r == n (a tie, rounded to even) the even of q + i and
+        # q + i + 1 (exact: ctx / n is never rounded across a half while ctx < 2**40)
+        q, r = divmod(ctx0, n)
+        exact = ctx0 + k_max * n < 1 << 40
+        up = 1 if 2 * r > n else 0
+        tie = 2 * r == n
+        ends: list[float] = []
+        t = start
+        for i in range(k_max):
+            if i and t >= next_arrival:
+                break
+            if not exact:
+                length = round((ctx0 + i * n) / n)
+            elif tie:
+                length = q + i + ((q + i) & 1)
+            else:
+                length = q + i + up
+            dt = times.get(length)
+            if dt is None:
+                s.decode_kv_tokens = ctx0 + i * n
+                try:
+                    dt = times[length] = self.step_time(s)
+                finally:
+                    s.decode_kv_tokens = ctx0
+            end = t + dt
+            if end >= horizon:
+                break
+            ends.append(end)
+            t = end
+        return ends
 
 
 def _weight_kernels(model: ModelSpec, hardware: HardwareSpec) -> tuple[str, float | None]:

@@ -187,6 +187,11 @@ class LogGrid:
         if np.isnan(logv).all():
             raise KernelDBError("no measured point to interpolate from")
         self.logv = _fill(logv, self.log_axes, self.up)
+        # the look-up's working copies: the cells as Python floats (the same doubles), flat, by strides;
+        # each axis' brackets memoised by coordinate (a run's steps ask the same batch size again and again)
+        self._flat = self.logv.ravel().tolist()
+        self._strides = [st // self.logv.itemsize for st in self.logv.strides]
+        self._brackets: list[dict[float, tuple]] = [{} for _ in self.axes]
 
     @classmethod
     def from_rows(cls, cols: Sequence[np.ndarray], latency: np.ndarray, up: Sequence[float]) -> "LogGrid":
@@ -208,20 +213,28 @@ class LogGrid:
         return lo, hi, (np.log(x) - lax[lo]) / (lax[hi] - lax[lo]), 0.0
 
     def __call__(self, *point: float) -> float:
-        brackets = [self._bracket(d, float(x)) for d, x in enumerate(point)]
+        brackets = []
+        for d, x in enumerate(point):
+            x = float(x)
+            memo = self._brackets[d]
+            b = memo.get(x)
+            if b is None:
+                b = memo[x] = self._bracket(d, x)
+            brackets.append(b)
         total = sum(b[3] for b in brackets)
         acc = 0.0
+        flat, strides = self._flat, self._strides
         for corner in range(1 << len(brackets)):
-            w, idx = 1.0, []
+            w, at = 1.0, 0
             for d, (lo, hi, t, _) in enumerate(brackets):
                 if corner >> d & 1:
                     w *= t
-                    idx.append(hi)
+                    at += hi * strides[d]
                 else:
                     w *= 1.0 - t
-                    idx.append(lo)
+                    at += lo * strides[d]
             if w:
-                acc += w * self.logv[tuple(idx)]
+                acc += w * flat[at]  # the cell's double, as logv[idx] gives it
         return float(np.exp(acc + total))
 
     def curve(self, axis: int, fixed: Sequence[float], xs: np.ndarray, monotone: bool = False) -> np.ndarray:

@@ -17,6 +17,12 @@ freed after it (vLLM 0.32 scheduler.py L664-676); a block completed by step N's 
 after that schedule (`StepLoop.in_flight`). `policy=vllm_native` takes every one of them from vLLM's own
 AsyncScheduler instead (testbed/vllm_backend/native_sim.py).
 
+Under async scheduling the step after a decode run stopped by an arrival is planned with that arrival
+still held back: the same plan again. With one replica (open loop, fast_forward, a policy whose steady runs
+end at a waiting request and that has no arrival hook) that step is folded into the run, its KV calls made
+in the order its plan makes them and the held arrivals delivered as at its start; the results are
+bit-identical to planning it (`fold_held_arrivals=False`, tests/test_held_arrival_runs.py).
+
 With several replicas (open loop, fast_forward), a replica's fast-forwarded decode run is cut only by
 the arrivals the router sends to it (testbed/sim/decode_runs.py): an arrival sent elsewhere no longer
 ends every replica's run, and the results are bit-identical to cutting them all (the KV a mid-run
@@ -64,7 +70,7 @@ class Simulation:
                  replicas: int = 1, router: Router | None = None, horizon_s: float | None = None,
                  fast_forward: bool = True, progress: Callable[[float, int], None] | None = None,
                  async_scheduling: bool = False, sessions: ClosedLoopSessions | None = None,
-                 per_replica_runs: bool = True):
+                 per_replica_runs: bool = True, fold_held_arrivals: bool = True):
         if replicas < 1:
             raise ValueError(f"sim.replicas={replicas}: must be >= 1")
         if router is None and replicas > 1:
@@ -114,6 +120,14 @@ class Simulation:
         if self._per_replica:
             for i, view in enumerate(self.views):
                 view.settle = partial(self._settle, i)
+        # async scheduling, one replica, open loop: a run stopped by an arrival takes the step after it too,
+        # planned without the arrival held back (`_one_past`); not for a policy that sees arrivals or steps, and
+        # only for one whose is_steady ends at a waiting request (the step's plan is then a plain step: it sees
+        # the arrival only after it, and no run follows it). `fold_held_arrivals=False`: that step planned on its
+        # own, the reference the tests compare with
+        self._fold = (fold_held_arrivals and async_scheduling and fast_forward and replicas == 1 and sessions is None
+                      and not _has_arrival_hook(self.loops[0].policy) and _queue_ends_steady(self.loops[0].policy))
+        self._fold_held = 0  # the held arrivals the folded step's plan would have delivered after it
 
     def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
         env = self.env
@@ -219,7 +233,20 @@ class Simulation:
                 if self.sessions.children:
                     self._release_turns(batch)
                 continue
-            if self.fast_forward and loop.extend_decode_run(batch, step_time, next_arrival, self._horizon):
+            if self._fold:
+                self._fold_held = 0
+                if loop.extend_decode_run(batch, step_time, next_arrival, self._horizon, one_past=self._one_past):
+                    self._step_end[i] = batch.ends[-1]
+                    yield env.timeout(batch.ends[-1] - env.now)
+                    if self._fold_held:  # as the folded step's plan at its start delivered them
+                        held, start = self._held[i], batch.ends[-2]
+                        for req in held[:self._fold_held]:
+                            loop.arrive(req, start)
+                        del held[:self._fold_held]
+                else:
+                    self._step_end[i] = env.now + step_time(batch.shape)
+                    yield env.timeout(self._step_end[i] - env.now)
+            elif self.fast_forward and loop.extend_decode_run(batch, step_time, next_arrival, self._horizon):
                 self._step_end[i] = batch.ends[-1]
                 yield env.timeout(batch.ends[-1] - env.now)
             else:
@@ -229,6 +256,27 @@ class Simulation:
             loop.complete(batch, env.now)
             if self.sessions is not None and self.sessions.children:
                 self._release_turns(batch)
+
+    def _one_past(self, start: float, end: float) -> bool:
+        """May a run stopped by an arrival take the step from `start` to `end` (`StepLoop.extend_decode_run`)?
+        Yes where every arrival up to `end` lands clear of both (a tie's order would decide which plan sees
+        it): those before `start` were held back during the run, and its plan would have delivered them
+        after it (`_fold_held`); those during it are held to the next plan either way. A clock time
+        lands within a few ulps of its arrival (timeouts of arrival - now), far inside the margin."""
+        reqs, j = self.requests, self._delivered
+        margin = 1e-9 * end
+        early = 0
+        while j < len(reqs):
+            a = reqs[j].arrival
+            if a > end + margin:
+                break
+            if abs(a - start) <= margin or abs(a - end) <= margin:
+                return False
+            if a < start:
+                early += 1
+            j += 1
+        self._fold_held = early
+        return True
 
     @property
     def _horizon(self) -> float:
@@ -465,3 +513,12 @@ def _has_arrival_hook(policy) -> bool:
     depends on where it starts): no deferred runs for such a policy."""
     hook = getattr(type(policy), "on_arrival", None)
     return (hook is not None and hook is not BasePolicy.on_arrival) or hasattr(policy, "steady_steps")
+
+
+def _queue_ends_steady(policy) -> bool:
+    """The policy says (`queue_ends_steady`, beside the `is_steady` it runs) that a waiting request ends
+    every steady run."""
+    for klass in type(policy).__mro__:
+        if "is_steady" in vars(klass):
+            return bool(vars(klass).get("queue_ends_steady", False))
+    return False
