@@ -580,7 +580,7 @@ class BlockManager:
         blocks = state.blocks
         if finished and state.num_cached_blocks < PRIVATE:
             self.register(state, min(len(blocks), state.num_computed // bs) * bs)
-        ref, queue, key_of, own_rid, kids = self._ref, self._queue, self._key_of, self._own_rid, radix.kids
+        ref, queue, key_of, own_rid, is_leaf = self._ref, self._queue, self._key_of, self._own_rid, radix.is_leaf
         k = state.num_cached_blocks
         if not state.req.prefix_hashes and k < PRIVATE:
             # the common case: nobody else holds its blocks, its first k are its own tree blocks
@@ -591,7 +591,7 @@ class BlockManager:
                 queue[b] = None
             for b in blocks[k:]:
                 ref[b] = 0
-            radix.released(k, [tree[-1]] if k and not kids[tree[-1]] else [])
+            radix.released(k, [tree[-1]] if k and is_leaf(tree[-1]) else [])
             self._front += blocks[k:][::-1]  # blocks[k] first in line
         else:
             first, leaves = [], []
@@ -603,7 +603,7 @@ class BlockManager:
                     if own_rid[b] >= 0 or b in key_of:
                         queue[b] = None
                         n += 1
-                        if not kids[b]:
+                        if is_leaf(b):
                             leaves.append(b)
                     else:
                         first.append(b)
