@@ -1,13 +1,14 @@
-"""SGLang's radix tree kept per node (testbed/core/radix_lru.py) against the per-block tree it
-replaced (tests/radix_lru_ref.py), step by step: the same operations on two block managers take
-the same blocks, hit the same prefixes and leave the same free queue, so the run-based tree
-evicts in exactly the order the per-block one did."""
+"""SGLang's radix tree kept per node and its free blocks queued per release (testbed/core/kv.py,
+radix_lru.py) against the per-block bookkeeping they replaced (tests/kv_ref.py, radix_lru_ref.py:
+HEAD 3866720's), step by step: the same operations on both take the same blocks, hit the same
+prefixes and leave the same free queue, so the run-based tree evicts in exactly the order the
+per-block one did."""
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radix_lru_ref import RadixLRURef
+from kv_ref import BlockManagerRef
 from testbed.core.kv import BlockManager
 from testbed.core.request import Request, RequestState
 
@@ -19,14 +20,14 @@ def _state(rid, prompt, out, hashes):
 
 def _pair(num_blocks, block_size):
     new = BlockManager(num_blocks, block_size, True, 0, "finished")
-    ref = BlockManager(num_blocks, block_size, True, 0, "finished")
-    ref._radix = RadixLRURef(ref)
+    ref = BlockManagerRef(num_blocks, block_size, True, 0, "finished")
     return new, ref
 
 
 def _same(new, ref, states_new, states_ref):
     assert list(new.free_order()) == list(ref.free_order())
-    assert new._radix.free_cached == ref._radix.free_cached and new._radix.size == ref._radix.size
+    assert new.num_free_blocks == ref.num_free_blocks and new.num_used_blocks == ref.num_used_blocks
+    assert new._radix.size == ref._radix.size
     for rid, s in states_new.items():
         r = states_ref[rid]
         assert s.blocks == r.blocks and s.num_cached_blocks == r.num_cached_blocks

@@ -113,6 +113,9 @@ class BlockManager:
         # never in `_front`, so a hit revives it from `_queue`.
         self._front: list[int] = list(range(num_blocks - 1, -1, -1))
         self._queue: OrderedDict[int, None] = OrderedDict()
+        # SGLang's mode queues its free tree blocks behind `_front` per release, not per block
+        # (RadixLRU.runs: page size 1 would make every token an OrderedDict entry); their count:
+        self._free_tree = 0
         self._cached: dict[int, list[int]] = {}  # shared content key -> blocks holding it, first registered first
         self._key_of: dict[int, int] = {}  # block -> shared content key
         self._own_rid = [-1] * num_blocks  # request whose own content a block caches, or -1
@@ -134,14 +137,16 @@ class BlockManager:
     # --- capacity -------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._front) + len(self._queue)
+        return len(self._front) + len(self._queue) + self._free_tree
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._front) - len(self._queue)
+        return self.num_blocks - len(self._front) - len(self._queue) - self._free_tree
 
     def free_order(self) -> Iterator[int]:
         """The free queue from its head (the next block allocated) to its tail."""
+        if self._radix is not None:
+            return chain(reversed(self._front), self._radix.queued())
         return chain(reversed(self._front), self._queue)
 
     @property
@@ -152,7 +157,7 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._front) + len(self._queue)
+        return num_blocks <= len(self._front) + len(self._queue) + self._free_tree
 
     def blocks_needed(self, state: RequestState, num_new_tokens: int) -> int:
         return max(0, self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks))
@@ -235,12 +240,14 @@ class BlockManager:
         if not hit:
             return 0
         ref, queue, keys, cached = self._ref, self._queue, self.prefix_keys(state), self._cached
+        queued = self._radix is None  # SGLang's mode drops a revived block from its release lazily
         revived = 0
         for i in range(hit):
             # a hit block's first holder (`_hit_block`; a shared-prefix block's straight off the cache)
             b = cached[keys[i]][0] if i < len(keys) else self._hit_block(state, i)
             if ref[b] == 0:
-                del queue[b]
+                if queued:
+                    del queue[b]
                 revived += 1
             ref[b] += 1
             state.blocks.append(b)
@@ -374,9 +381,10 @@ class BlockManager:
         ref, queue = self._ref, self._queue
         b = blocks[i]
         if ref[other] == 0:
-            del queue[other]
             if self._radix is not None:
                 self._radix.revived(1)
+            else:
+                del queue[other]
         ref[other] += 1
         blocks[i] = other
         ref[b] -= 1
@@ -427,32 +435,29 @@ class BlockManager:
         in this mode `_front` holds exactly those), then the blocks the radix tree evicts for the
         rest, in eviction order; a whole leaf's blocks beyond the need stay free at the queue's
         front, next in line."""
-        radix, queue, ref = self._radix, self._queue, self._ref
+        radix, ref = self._radix, self._ref
         assert radix is not None
         k = self._grab_front(blocks, need)
         if not k:
             return
-        evicted = radix.evict(k)
-        for b in evicted[:k]:
-            del queue[b]
+        evicted = radix.evict(k)  # (no longer queued: they left the tree)
+        taken = evicted[:k]
+        for b in taken:
             ref[b] = 1
-        blocks += evicted[:k]
+        blocks += taken
         self._to_front(evicted[k:])
 
     def _to_front(self, evicted: list[int]) -> None:
-        """Free blocks just evicted (uncached now) move from `_queue` to the queue's head, the first of
-        them first in line."""
+        """Free blocks just evicted (uncached now, so no longer in their release's run) move to the
+        queue's head, the first of them first in line."""
         if evicted:
-            queue = self._queue
-            for b in evicted:
-                del queue[b]
             self._front += evicted[::-1]
 
     def allocate(self, state: RequestState, num_new_tokens: int) -> None:
         need = self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks)
         if need <= 0:
             return
-        if need > len(self._front) + len(self._queue):
+        if need > len(self._front) + len(self._queue) + self._free_tree:
             raise KVCapacityError(f"needed {need} KV blocks, {self.num_free_blocks} free")
         front = self._front
         if need == 1 and front:  # a decode step's one block (page size 1: every step), without the calls
@@ -470,7 +475,7 @@ class BlockManager:
         False, changing nothing, when the free blocks do not cover them all."""
         bs = self.block_size
         needs = [-(-(s.num_computed + k) // bs) - len(s.blocks) for s in states]
-        if sum([n for n in needs if n > 0]) > len(self._front) + len(self._queue):
+        if sum([n for n in needs if n > 0]) > len(self._front) + len(self._queue) + self._free_tree:
             return False
         if self._radix is not None:  # SGLang's mode: each request's blocks as `allocate` takes them
             for s, need in zip(states, needs):
@@ -580,34 +585,34 @@ class BlockManager:
         blocks = state.blocks
         if finished and state.num_cached_blocks < PRIVATE:
             self.register(state, min(len(blocks), state.num_computed // bs) * bs)
-        ref, queue, key_of, own_rid, is_leaf = self._ref, self._queue, self._key_of, self._own_rid, radix.is_leaf
+        ref, key_of, own_rid, is_leaf, rel = self._ref, self._key_of, self._own_rid, radix.is_leaf, radix.rel
         k = state.num_cached_blocks
+        no = radix.next_release()  # the tree blocks freed now queue as one run (RadixLRU.runs)
         if not state.req.prefix_hashes and k < PRIVATE:
             # the common case: nobody else holds its blocks, its first k are its own tree blocks
             # (a chain: only the last can be a leaf), the rest cache nothing
             tree = blocks[:k]
             for b in tree:
                 ref[b] = 0
-                queue[b] = None
+                rel[b] = no
             for b in blocks[k:]:
                 ref[b] = 0
-            radix.released(k, [tree[-1]] if k and is_leaf(tree[-1]) else [])
+            radix.released(no, tree, [tree[-1]] if k and is_leaf(tree[-1]) else [])
             self._front += blocks[k:][::-1]  # blocks[k] first in line
         else:
-            first, leaves = [], []
-            n = 0
+            first, leaves, run = [], [], []
             for i in range(len(blocks) - 1, -1, -1):
                 b = blocks[i]
                 ref[b] -= 1
                 if ref[b] == 0:
                     if own_rid[b] >= 0 or b in key_of:
-                        queue[b] = None
-                        n += 1
+                        rel[b] = no
+                        run.append(b)
                         if is_leaf(b):
                             leaves.append(b)
                     else:
                         first.append(b)
-            radix.released(n, leaves)
+            radix.released(no, run, leaves)
             self._front += first  # (descending) the lowest first in line
         if finished:
             state._past_blocks = []

@@ -37,6 +37,7 @@ line, so one allocation of n blocks and n allocations of one take the same block
 from __future__ import annotations
 
 import heapq
+from typing import Iterator
 
 
 class RadixLRU:
@@ -52,8 +53,15 @@ class RadixLRU:
         self.stamp = [0] * n  # at a node's end: its last access
         self.clock = 0
         self.heap: list[tuple[int, int]] = []
-        self.free_cached = 0  # tree blocks in the free queue (evictable)
         self.size = 0  # tree blocks
+        # The free queue's cached part (free tree blocks, in the order they were freed; their count is
+        # kv._free_tree), one entry per release: (release number, the tree blocks it freed, in queue
+        # order). A listed block is still queued there while `rel[b]` names that release and it is
+        # free and in the tree: reviving or evicting it drops nothing (it goes stale in place).
+        self.rel = [0] * n
+        self.runs: list[tuple[int, list[int]]] = []
+        self.releases = 0
+        self.listed = 0  # blocks listed in runs, live or stale
 
     # --- membership ---------------------------------------------------------------------
     def in_tree(self, b: int) -> bool:
@@ -180,22 +188,47 @@ class RadixLRU:
         self.checkpoint(blocks, start, end, 0)
 
     # --- release, revive, evict ------------------------------------------------------------
-    def released(self, n: int, leaves: list[int]) -> None:
-        """n tree blocks entered the free queue (their last holder unlocked them); `leaves` are
-        those among them that end a childless node."""
-        self.free_cached += n
+    def next_release(self) -> int:
+        """The number of the next release: its caller marks `rel[b]` with it for each tree block it frees."""
+        self.releases += 1
+        return self.releases
+
+    def released(self, no: int, run: list[int], leaves: list[int]) -> None:
+        """Release `no` queued these tree blocks (their last holder unlocked them), in this order, at
+        the free queue's end; `leaves` are those among them that end a childless node."""
+        kv = self.kv
+        if run:
+            kv._free_tree += len(run)
+            self.runs.append((no, run))
+            self.listed += len(run)
+            if self.listed > 2 * kv._free_tree + 4096:
+                self.runs = [(i, live) for i, r in self.runs if (live := [b for b in r if self._queued(b, i)])]
+                self.listed = kv._free_tree
         for b in leaves:
             self._push_if_leaf(b)
 
+    def _queued(self, b: int, no: int) -> bool:
+        kv = self.kv
+        return self.rel[b] == no and kv._ref[b] == 0 and (kv._own_rid[b] >= 0 or b in kv._key_of)
+
+    def queued(self) -> Iterator[int]:
+        """The free tree blocks in queue order (released first first)."""
+        kv = self.kv
+        rel, ref, own_rid, key_of = self.rel, kv._ref, kv._own_rid, kv._key_of
+        for no, run in self.runs:
+            for b in run:
+                if rel[b] == no and ref[b] == 0 and (own_rid[b] >= 0 or b in key_of):
+                    yield b
+
     def revived(self, n: int) -> None:
         """n free tree blocks left the free queue (a request locked them)."""
-        self.free_cached -= n
+        self.kv._free_tree -= n
 
     def make_uncached(self, num_blocks: int) -> None:
         """Evict until `num_blocks` free blocks cache nothing, or nothing is evictable
         (`evict_to_free_tokens`: evict the shortfall); the evicted blocks go to the free queue's
         front, in eviction order."""
-        short = num_blocks - (self.kv.num_free_blocks - self.free_cached)
+        short = num_blocks - (self.kv.num_free_blocks - self.kv._free_tree)
         if short > 0:
             self.kv._to_front(self.evict(short))
 
@@ -235,7 +268,7 @@ class RadixLRU:
                 kids[p] -= 1
                 if kids[p] == 0 and ref[p] == 0:
                     heapq.heappush(heap, (stamp[p], p))
-        self.free_cached -= evicted
+        kv._free_tree -= evicted
         self.size -= evicted
         return out
 
@@ -245,7 +278,8 @@ class RadixLRU:
         n = kv.num_blocks
         tree = [self.in_tree(b) for b in range(n)]
         assert self.size == sum(tree), f"tree size {self.size}, {sum(tree)} tree blocks"
-        assert self.free_cached == sum(1 for b in kv.free_order() if tree[b]), "free tree-block count is off"
+        assert kv._free_tree == sum(1 for b in kv.free_order() if tree[b]), "free tree-block count is off"
+        assert self.listed == sum(len(r) for _, r in self.runs), "listed blocks miscounted"
         seen_cached = False
         for b in kv.free_order():  # free blocks caching nothing come first
             if tree[b]:
