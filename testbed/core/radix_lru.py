@@ -201,15 +201,18 @@ class RadixLRU:
             kv._free_tree += len(run)
             self.runs.append((no, run))
             self.listed += len(run)
-            if self.listed > 2 * kv._free_tree + 4096:
-                self.runs = [(i, live) for i, r in self.runs if (live := [b for b in r if self._queued(b, i)])]
+            if self.listed > 4 * kv._free_tree + 65536:  # mostly stale: keep the live blocks (amortised O(1) each)
+                self.runs = [(no, live) for no, live in zip([no for no, _ in self.runs], self._live_runs()) if live]
                 self.listed = kv._free_tree
         for b in leaves:
             self._push_if_leaf(b)
 
-    def _queued(self, b: int, no: int) -> bool:
+    def _live_runs(self) -> list[list[int]]:
+        """Each run's blocks still queued there."""
         kv = self.kv
-        return self.rel[b] == no and kv._ref[b] == 0 and (kv._own_rid[b] >= 0 or b in kv._key_of)
+        rel, ref, own_rid, key_of = self.rel, kv._ref, kv._own_rid, kv._key_of
+        return [[b for b in run if rel[b] == no and ref[b] == 0 and (own_rid[b] >= 0 or b in key_of)]
+                for no, run in self.runs]
 
     def queued(self) -> Iterator[int]:
         """The free tree blocks in queue order (released first first)."""
@@ -246,21 +249,25 @@ class RadixLRU:
             if stamp[b] != t or cont[b] >= 0 or kids[b] or ref[b] or not (own_rid[b] >= 0 or b in key_of):
                 continue  # stale
             h = head[b]
-            node = [h]  # the node, first block to last
             x = h
-            while x != b:
-                x = cont[x]
-                node.append(x)
-            node.reverse()
+            node = [x]  # the node, first block to last
             if key_of:
-                for x in node:
+                while x != b:
+                    x = cont[x]
+                    node.append(x)
+                node.reverse()
+                for x in node:  # last block first (a host tier keeps dropped keys in this order)
                     if own_rid[x] >= 0:
                         own_rid[x] = -1
                     else:
                         kv._drop_key(x)
             else:  # no shared content cached: every tree block is a request's own
-                for x in node:
+                own_rid[x] = -1
+                while x != b:
+                    x = cont[x]
                     own_rid[x] = -1
+                    node.append(x)
+                node.reverse()
             out += node
             evicted += len(node)
             p = parent[h]
