@@ -18,16 +18,17 @@ def _state(rid, prompt, out, hashes):
                                 prefix_hashes=tuple(hashes), prefix_block_tokens=4))
 
 
-def _pair(num_blocks, block_size):
-    new = BlockManager(num_blocks, block_size, True, 0, "finished")
-    ref = BlockManagerRef(num_blocks, block_size, True, 0, "finished")
+def _pair(num_blocks, block_size, mode="finished"):
+    new = BlockManager(num_blocks, block_size, True, 0, mode)
+    ref = BlockManagerRef(num_blocks, block_size, True, 0, mode)
     return new, ref
 
 
 def _same(new, ref, states_new, states_ref):
     assert list(new.free_order()) == list(ref.free_order())
     assert new.num_free_blocks == ref.num_free_blocks and new.num_used_blocks == ref.num_used_blocks
-    assert new._radix.size == ref._radix.size
+    if new._radix is not None:
+        assert new._radix.size == ref._radix.size
     for rid, s in states_new.items():
         r = states_ref[rid]
         assert s.blocks == r.blocks and s.num_cached_blocks == r.num_cached_blocks
@@ -43,11 +44,14 @@ ops = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(num_blocks=st.integers(8, 96), block_size=st.sampled_from([1, 1, 2, 4]), ops=ops)
-def test_run_based_radix_tree_matches_the_per_block_one(num_blocks, block_size, ops):
+@given(num_blocks=st.integers(8, 96), block_size=st.sampled_from([1, 1, 2, 4]), ops=ops,
+       mode=st.sampled_from(["finished", "finished", "scheduled"]))
+def test_run_based_radix_tree_matches_the_per_block_one(num_blocks, block_size, ops, mode):
     # admissions (looked up, hit, allocated in chunks), decodes, retractions (a retracted request comes
-    # back and re-hits its own prompt), finishes, lookups and evictions, on both trees in lockstep
-    new, ref = _pair(num_blocks, block_size)
+    # back and re-hits its own prompt, whose blocks note their index and life only then), finishes,
+    # lookups and evictions, on both block managers in lockstep; in vLLM's mode too (decode blocks
+    # registered as scheduled, evicted least recently released first)
+    new, ref = _pair(num_blocks, block_size, mode)
     kvs = (new, ref)
     running: tuple[dict, dict] = ({}, {})  # rid -> state, per manager
     waiting: tuple[dict, dict] = ({}, {})  # retracted: rid -> state
@@ -89,6 +93,8 @@ def test_run_based_radix_tree_matches_the_per_block_one(num_blocks, block_size, 
                         kv.allocate(s, n)
                         s.num_computed += n
                         s.num_generated += n
+                        if kv.cache_decode:
+                            kv.register(s, s.num_computed)
                 elif op == "retract":
                     kv.free(s)
                     s.num_computed = 0

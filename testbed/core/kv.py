@@ -119,8 +119,10 @@ class BlockManager:
         self._cached: dict[int, list[int]] = {}  # shared content key -> blocks holding it, first registered first
         self._key_of: dict[int, int] = {}  # block -> shared content key
         self._own_rid = [-1] * num_blocks  # request whose own content a block caches, or -1
-        self._own_idx = [0] * num_blocks  # ... at which of its block positions
-        self._own_seq = [0] * num_blocks  # ... registered when (first registered is looked up first)
+        # ... at which of its block positions, and in which of its lives (the first registered is looked up
+        # first): written when the life ends unfinished (`_note_life`), as only its own later lives read them
+        self._own_idx = [0] * num_blocks
+        self._own_seq = [0] * num_blocks
         self._seq = 0
         self._host_used = 0
         self.hit_tokens = 0  # prefix-cache statistics, over admissions
@@ -237,6 +239,7 @@ class BlockManager:
             hit = min(hit, max_tokens // self.block_size)
         self.queried_tokens += state.known_len  # as vLLM counts a lookup: every known token
         state.num_cached_blocks = hit
+        state._own_from = hit  # blocks from here on are this life's own (`_note_life`)
         if not hit:
             return 0
         ref, queue, keys, cached = self._ref, self._queue, self.prefix_keys(state), self._cached
@@ -316,13 +319,9 @@ class BlockManager:
         if i < shared:
             i = shared
         if i < full:
-            rid, own_rid, own_idx, own_seq = state.req.id, self._own_rid, self._own_idx, self._own_seq
-            base = self._seq - i  # block j is registered base + j-th
-            for j, b in enumerate(blocks[i:full], i):  # once per block of every prompt
+            rid, own_rid = state.req.id, self._own_rid
+            for b in blocks[i:full]:  # once per block of every prompt (its index and life: `_note_life`)
                 own_rid[b] = rid
-                own_idx[b] = j
-                own_seq[b] = base + j
-            self._seq = base + full
             i = full
         state.num_cached_blocks = i
         if self._radix is not None:
@@ -486,7 +485,6 @@ class BlockManager:
         # 0 or 1 block here, so the calls would cost more than the work); blocks inside a shared
         # prefix, and a subclass's own register, take the calls
         pop, ref, own_rid, key_of = self._queue.popitem, self._ref, self._own_rid, self._key_of
-        own_idx, own_seq = self._own_idx, self._own_seq
         tag = self.cache_decode and self.enable_prefix_caching
         inline_register = type(self).register is BlockManager.register
         front = self._front
@@ -517,14 +515,9 @@ class BlockManager:
                     if not inline_register or keys is None or len(keys) > i:
                         self.register(s, s.num_computed + k - lag)
                         continue
-                    rid, seq = s.req.id, self._seq
+                    rid = s.req.id
                     for j in range(i, full):
-                        b = blocks[j]
-                        own_rid[b] = rid
-                        own_idx[b] = j
-                        own_seq[b] = seq
-                        seq += 1
-                    self._seq = seq
+                        own_rid[blocks[j]] = rid
                     s.num_cached_blocks = full
         return True
 
@@ -570,9 +563,25 @@ class BlockManager:
         if finished:
             state._past_blocks = []
         elif self.enable_prefix_caching and state.blocks:
+            if k < PRIVATE:
+                self._note_life(state, k)
             state._past_blocks.append(state.blocks)
         state.blocks = []
         state.num_cached_blocks = 0
+
+    def _note_life(self, state: RequestState, k: int) -> None:
+        """A life ends unfinished: the blocks among its first k that it registered as its own note their
+        index and the life (`candidates` reads them, looking up the blocks a later life may hit). Lives are
+        numbered in order, and a life registers all its blocks before the next begins, so this orders them
+        as their registration did; blocks it hit keep the life that registered them."""
+        self._seq += 1
+        seq, rid, blocks = self._seq, state.req.id, state.blocks
+        own_rid, own_idx, own_seq = self._own_rid, self._own_idx, self._own_seq
+        for j in range(state._own_from, min(k, len(blocks))):
+            b = blocks[j]
+            if own_rid[b] == rid:
+                own_idx[b] = j
+                own_seq[b] = seq
 
     def _free_into_tree(self, state: RequestState, finished: bool) -> None:
         """`free` in SGLang's mode: a finished request's whole computed sequence is inserted into
@@ -617,6 +626,8 @@ class BlockManager:
         if finished:
             state._past_blocks = []
         elif blocks:
+            if k < PRIVATE:
+                self._note_life(state, k)
             state._past_blocks.append(blocks)
         state.blocks = []
         state.num_cached_blocks = 0
