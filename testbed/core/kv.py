@@ -202,6 +202,35 @@ class BlockManager:
                  if j < len(life) and own_rid[life[j]] == rid and own_idx[life[j]] == j}
         return sorted(found, key=self._own_seq.__getitem__)
 
+    def _own_hits(self, state: RequestState, start: int, cap: int) -> list[int]:
+        """`candidates(state, j)[0]` for j = start, start + 1, ... below cap while there is one, in one pass
+        over the request's past lives (a per-j set and sort cost every token of a re-admitted prompt: page
+        size 1). Two candidates of one index never share a life, so the least `_own_seq` is the first."""
+        lives = state._past_blocks
+        out: list[int] = []
+        if not lives or start >= cap:
+            return out
+        rid, own_rid, own_idx, own_seq = state.req.id, self._own_rid, self._own_idx, self._own_seq
+        if len(lives) == 1:
+            life = lives[0]
+            for j in range(start, min(cap, len(life))):
+                b = life[j]
+                if own_rid[b] != rid or own_idx[b] != j:
+                    break
+                out.append(b)
+            return out
+        for j in range(start, cap):
+            best = -1
+            for life in lives:
+                if j < len(life):
+                    b = life[j]
+                    if own_rid[b] == rid and own_idx[b] == j and (best < 0 or own_seq[b] < own_seq[best]):
+                        best = b
+            if best < 0:
+                break
+            out.append(best)
+        return out
+
     def _hit_block(self, state: RequestState, j: int) -> int | None:
         c = self.candidates(state, j)
         return c[0] if c else None
@@ -215,9 +244,7 @@ class BlockManager:
         n = next((i for i in range(lim) if keys[i] not in cached), lim)  # a key stays only while held
         if n < lim:
             return n
-        while n < cap and self.candidates(state, n):
-            n += 1
-        return n
+        return n + len(self._own_hits(state, n, cap))
 
     def match_prefix(self, state: RequestState) -> int:
         """Known tokens of a request holding no blocks that are already cached (read-only)."""
@@ -227,8 +254,11 @@ class BlockManager:
         """Free blocks that admitting a waiting request with `num_new_tokens` would consume:
         its new blocks plus the cached prefix blocks it takes off the free queue."""
         hit = self._matched_blocks(state)
-        ref = self._ref  # a block is free (queued) exactly when no request holds it
-        revived = sum(1 for i in range(hit) if ref[self._hit_block(state, i)] == 0)
+        ref, keys, cached = self._ref, self.prefix_keys(state), self._cached  # a block is free (queued) exactly when no request holds it
+        shared = min(hit, len(keys))
+        revived = sum(1 for i in range(shared) if ref[cached[keys[i]][0]] == 0)
+        if hit > shared:
+            revived += sum(1 for b in self._own_hits(state, shared, hit) if ref[b] == 0)
         return self.blocks_for(hit * self.block_size + num_new_tokens) - hit + revived
 
     def acquire_prefix(self, state: RequestState, max_tokens: int | None = None) -> int:
@@ -245,9 +275,11 @@ class BlockManager:
         ref, queue, keys, cached = self._ref, self._queue, self.prefix_keys(state), self._cached
         queued = self._radix is None  # SGLang's mode drops a revived block from its release lazily
         revived = 0
+        nk = len(keys)
+        own = self._own_hits(state, nk, hit) if hit > nk else []
         for i in range(hit):
             # a hit block's first holder (`_hit_block`; a shared-prefix block's straight off the cache)
-            b = cached[keys[i]][0] if i < len(keys) else self._hit_block(state, i)
+            b = cached[keys[i]][0] if i < nk else own[i - nk]
             if ref[b] == 0:
                 if queued:
                     del queue[b]
@@ -279,12 +311,7 @@ class BlockManager:
             path.append(holders[0])
             j += 1
         if j == lim:
-            while j < cap:
-                c = self.candidates(state, j)
-                if not c:
-                    break
-                path.append(c[0])
-                j += 1
+            path += self._own_hits(state, j, cap)
         radix.touch(path)
 
     def register(self, state: RequestState, num_tokens: int) -> None:
