@@ -113,11 +113,16 @@ class BlockManager:
         # never in `_front`, so a hit revives it from `_queue`.
         self._front: list[int] = list(range(num_blocks - 1, -1, -1))
         self._queue: OrderedDict[int, None] = OrderedDict()
+        # SGLang's mode queues its free tree blocks behind `_front` per release, not per block
+        # (RadixLRU.runs: page size 1 would make every token an OrderedDict entry); their count:
+        self._free_tree = 0
         self._cached: dict[int, list[int]] = {}  # shared content key -> blocks holding it, first registered first
         self._key_of: dict[int, int] = {}  # block -> shared content key
         self._own_rid = [-1] * num_blocks  # request whose own content a block caches, or -1
-        self._own_idx = [0] * num_blocks  # ... at which of its block positions
-        self._own_seq = [0] * num_blocks  # ... registered when (first registered is looked up first)
+        # ... at which of its block positions, and in which of its lives (the first registered is looked up
+        # first): written when the life ends unfinished (`_note_life`), as only its own later lives read them
+        self._own_idx = [0] * num_blocks
+        self._own_seq = [0] * num_blocks
         self._seq = 0
         self._host_used = 0
         self.hit_tokens = 0  # prefix-cache statistics, over admissions
@@ -134,14 +139,16 @@ class BlockManager:
     # --- capacity -------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._front) + len(self._queue)
+        return len(self._front) + len(self._queue) + self._free_tree
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._front) - len(self._queue)
+        return self.num_blocks - len(self._front) - len(self._queue) - self._free_tree
 
     def free_order(self) -> Iterator[int]:
         """The free queue from its head (the next block allocated) to its tail."""
+        if self._radix is not None:
+            return chain(reversed(self._front), self._radix.queued())
         return chain(reversed(self._front), self._queue)
 
     @property
@@ -152,7 +159,7 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._front) + len(self._queue)
+        return num_blocks <= len(self._front) + len(self._queue) + self._free_tree
 
     def blocks_needed(self, state: RequestState, num_new_tokens: int) -> int:
         return max(0, self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks))
@@ -195,6 +202,35 @@ class BlockManager:
                  if j < len(life) and own_rid[life[j]] == rid and own_idx[life[j]] == j}
         return sorted(found, key=self._own_seq.__getitem__)
 
+    def _own_hits(self, state: RequestState, start: int, cap: int) -> list[int]:
+        """`candidates(state, j)[0]` for j = start, start + 1, ... below cap while there is one, in one pass
+        over the request's past lives (a per-j set and sort cost every token of a re-admitted prompt: page
+        size 1). Two candidates of one index never share a life, so the least `_own_seq` is the first."""
+        lives = state._past_blocks
+        out: list[int] = []
+        if not lives or start >= cap:
+            return out
+        rid, own_rid, own_idx, own_seq = state.req.id, self._own_rid, self._own_idx, self._own_seq
+        if len(lives) == 1:
+            life = lives[0]
+            for j in range(start, min(cap, len(life))):
+                b = life[j]
+                if own_rid[b] != rid or own_idx[b] != j:
+                    break
+                out.append(b)
+            return out
+        for j in range(start, cap):
+            best = -1
+            for life in lives:
+                if j < len(life):
+                    b = life[j]
+                    if own_rid[b] == rid and own_idx[b] == j and (best < 0 or own_seq[b] < own_seq[best]):
+                        best = b
+            if best < 0:
+                break
+            out.append(best)
+        return out
+
     def _hit_block(self, state: RequestState, j: int) -> int | None:
         c = self.candidates(state, j)
         return c[0] if c else None
@@ -208,9 +244,7 @@ class BlockManager:
         n = next((i for i in range(lim) if keys[i] not in cached), lim)  # a key stays only while held
         if n < lim:
             return n
-        while n < cap and self.candidates(state, n):
-            n += 1
-        return n
+        return n + len(self._own_hits(state, n, cap))
 
     def match_prefix(self, state: RequestState) -> int:
         """Known tokens of a request holding no blocks that are already cached (read-only)."""
@@ -220,8 +254,11 @@ class BlockManager:
         """Free blocks that admitting a waiting request with `num_new_tokens` would consume:
         its new blocks plus the cached prefix blocks it takes off the free queue."""
         hit = self._matched_blocks(state)
-        ref = self._ref  # a block is free (queued) exactly when no request holds it
-        revived = sum(1 for i in range(hit) if ref[self._hit_block(state, i)] == 0)
+        ref, keys, cached = self._ref, self.prefix_keys(state), self._cached  # a block is free (queued) exactly when no request holds it
+        shared = min(hit, len(keys))
+        revived = sum(1 for i in range(shared) if ref[cached[keys[i]][0]] == 0)
+        if hit > shared:
+            revived += sum(1 for b in self._own_hits(state, shared, hit) if ref[b] == 0)
         return self.blocks_for(hit * self.block_size + num_new_tokens) - hit + revived
 
     def acquire_prefix(self, state: RequestState, max_tokens: int | None = None) -> int:
@@ -232,15 +269,20 @@ class BlockManager:
             hit = min(hit, max_tokens // self.block_size)
         self.queried_tokens += state.known_len  # as vLLM counts a lookup: every known token
         state.num_cached_blocks = hit
+        state._own_from = hit  # blocks from here on are this life's own (`_note_life`)
         if not hit:
             return 0
         ref, queue, keys, cached = self._ref, self._queue, self.prefix_keys(state), self._cached
+        queued = self._radix is None  # SGLang's mode drops a revived block from its release lazily
         revived = 0
+        nk = len(keys)
+        own = self._own_hits(state, nk, hit) if hit > nk else []
         for i in range(hit):
             # a hit block's first holder (`_hit_block`; a shared-prefix block's straight off the cache)
-            b = cached[keys[i]][0] if i < len(keys) else self._hit_block(state, i)
+            b = cached[keys[i]][0] if i < nk else own[i - nk]
             if ref[b] == 0:
-                del queue[b]
+                if queued:
+                    del queue[b]
                 revived += 1
             ref[b] += 1
             state.blocks.append(b)
@@ -269,12 +311,7 @@ class BlockManager:
             path.append(holders[0])
             j += 1
         if j == lim:
-            while j < cap:
-                c = self.candidates(state, j)
-                if not c:
-                    break
-                path.append(c[0])
-                j += 1
+            path += self._own_hits(state, j, cap)
         radix.touch(path)
 
     def register(self, state: RequestState, num_tokens: int) -> None:
@@ -309,13 +346,9 @@ class BlockManager:
         if i < shared:
             i = shared
         if i < full:
-            rid, own_rid, own_idx, own_seq = state.req.id, self._own_rid, self._own_idx, self._own_seq
-            base = self._seq - i  # block j is registered base + j-th
-            for j, b in enumerate(blocks[i:full], i):  # once per block of every prompt
+            rid, own_rid = state.req.id, self._own_rid
+            for b in blocks[i:full]:  # once per block of every prompt (its index and life: `_note_life`)
                 own_rid[b] = rid
-                own_idx[b] = j
-                own_seq[b] = base + j
-            self._seq = base + full
             i = full
         state.num_cached_blocks = i
         if self._radix is not None:
@@ -374,9 +407,10 @@ class BlockManager:
         ref, queue = self._ref, self._queue
         b = blocks[i]
         if ref[other] == 0:
-            del queue[other]
             if self._radix is not None:
                 self._radix.revived(1)
+            else:
+                del queue[other]
         ref[other] += 1
         blocks[i] = other
         ref[b] -= 1
@@ -427,32 +461,29 @@ class BlockManager:
         in this mode `_front` holds exactly those), then the blocks the radix tree evicts for the
         rest, in eviction order; a whole leaf's blocks beyond the need stay free at the queue's
         front, next in line."""
-        radix, queue, ref = self._radix, self._queue, self._ref
+        radix, ref = self._radix, self._ref
         assert radix is not None
         k = self._grab_front(blocks, need)
         if not k:
             return
-        evicted = radix.evict(k)
-        for b in evicted[:k]:
-            del queue[b]
+        evicted = radix.evict(k)  # (no longer queued: they left the tree)
+        taken = evicted[:k]
+        for b in taken:
             ref[b] = 1
-        blocks += evicted[:k]
+        blocks += taken
         self._to_front(evicted[k:])
 
     def _to_front(self, evicted: list[int]) -> None:
-        """Free blocks just evicted (uncached now) move from `_queue` to the queue's head, the first of
-        them first in line."""
+        """Free blocks just evicted (uncached now, so no longer in their release's run) move to the
+        queue's head, the first of them first in line."""
         if evicted:
-            queue = self._queue
-            for b in evicted:
-                del queue[b]
             self._front += evicted[::-1]
 
     def allocate(self, state: RequestState, num_new_tokens: int) -> None:
         need = self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks)
         if need <= 0:
             return
-        if need > len(self._front) + len(self._queue):
+        if need > len(self._front) + len(self._queue) + self._free_tree:
             raise KVCapacityError(f"needed {need} KV blocks, {self.num_free_blocks} free")
         front = self._front
         if need == 1 and front:  # a decode step's one block (page size 1: every step), without the calls
@@ -470,7 +501,7 @@ class BlockManager:
         False, changing nothing, when the free blocks do not cover them all."""
         bs = self.block_size
         needs = [-(-(s.num_computed + k) // bs) - len(s.blocks) for s in states]
-        if sum([n for n in needs if n > 0]) > len(self._front) + len(self._queue):
+        if sum([n for n in needs if n > 0]) > len(self._front) + len(self._queue) + self._free_tree:
             return False
         if self._radix is not None:  # SGLang's mode: each request's blocks as `allocate` takes them
             for s, need in zip(states, needs):
@@ -481,7 +512,6 @@ class BlockManager:
         # 0 or 1 block here, so the calls would cost more than the work); blocks inside a shared
         # prefix, and a subclass's own register, take the calls
         pop, ref, own_rid, key_of = self._queue.popitem, self._ref, self._own_rid, self._key_of
-        own_idx, own_seq = self._own_idx, self._own_seq
         tag = self.cache_decode and self.enable_prefix_caching
         inline_register = type(self).register is BlockManager.register
         front = self._front
@@ -512,14 +542,9 @@ class BlockManager:
                     if not inline_register or keys is None or len(keys) > i:
                         self.register(s, s.num_computed + k - lag)
                         continue
-                    rid, seq = s.req.id, self._seq
+                    rid = s.req.id
                     for j in range(i, full):
-                        b = blocks[j]
-                        own_rid[b] = rid
-                        own_idx[b] = j
-                        own_seq[b] = seq
-                        seq += 1
-                    self._seq = seq
+                        own_rid[blocks[j]] = rid
                     s.num_cached_blocks = full
         return True
 
@@ -565,9 +590,25 @@ class BlockManager:
         if finished:
             state._past_blocks = []
         elif self.enable_prefix_caching and state.blocks:
+            if k < PRIVATE:
+                self._note_life(state, k)
             state._past_blocks.append(state.blocks)
         state.blocks = []
         state.num_cached_blocks = 0
+
+    def _note_life(self, state: RequestState, k: int) -> None:
+        """A life ends unfinished: the blocks among its first k that it registered as its own note their
+        index and the life (`candidates` reads them, looking up the blocks a later life may hit). Lives are
+        numbered in order, and a life registers all its blocks before the next begins, so this orders them
+        as their registration did; blocks it hit keep the life that registered them."""
+        self._seq += 1
+        seq, rid, blocks = self._seq, state.req.id, state.blocks
+        own_rid, own_idx, own_seq = self._own_rid, self._own_idx, self._own_seq
+        for j in range(state._own_from, min(k, len(blocks))):
+            b = blocks[j]
+            if own_rid[b] == rid:
+                own_idx[b] = j
+                own_seq[b] = seq
 
     def _free_into_tree(self, state: RequestState, finished: bool) -> None:
         """`free` in SGLang's mode: a finished request's whole computed sequence is inserted into
@@ -580,38 +621,40 @@ class BlockManager:
         blocks = state.blocks
         if finished and state.num_cached_blocks < PRIVATE:
             self.register(state, min(len(blocks), state.num_computed // bs) * bs)
-        ref, queue, key_of, own_rid, kids = self._ref, self._queue, self._key_of, self._own_rid, radix.kids
+        ref, key_of, own_rid, is_leaf, rel = self._ref, self._key_of, self._own_rid, radix.is_leaf, radix.rel
         k = state.num_cached_blocks
+        no = radix.next_release()  # the tree blocks freed now queue as one run (RadixLRU.runs)
         if not state.req.prefix_hashes and k < PRIVATE:
             # the common case: nobody else holds its blocks, its first k are its own tree blocks
             # (a chain: only the last can be a leaf), the rest cache nothing
             tree = blocks[:k]
             for b in tree:
                 ref[b] = 0
-                queue[b] = None
+                rel[b] = no
             for b in blocks[k:]:
                 ref[b] = 0
-            radix.released(k, [tree[-1]] if k and not kids[tree[-1]] else [])
+            radix.released(no, tree, [tree[-1]] if k and is_leaf(tree[-1]) else [])
             self._front += blocks[k:][::-1]  # blocks[k] first in line
         else:
-            first, leaves = [], []
-            n = 0
+            first, leaves, run = [], [], []
             for i in range(len(blocks) - 1, -1, -1):
                 b = blocks[i]
                 ref[b] -= 1
                 if ref[b] == 0:
                     if own_rid[b] >= 0 or b in key_of:
-                        queue[b] = None
-                        n += 1
-                        if not kids[b]:
+                        rel[b] = no
+                        run.append(b)
+                        if is_leaf(b):
                             leaves.append(b)
                     else:
                         first.append(b)
-            radix.released(n, leaves)
+            radix.released(no, run, leaves)
             self._front += first  # (descending) the lowest first in line
         if finished:
             state._past_blocks = []
         elif blocks:
+            if k < PRIVATE:
+                self._note_life(state, k)
             state._past_blocks.append(blocks)
         state.blocks = []
         state.num_cached_blocks = 0

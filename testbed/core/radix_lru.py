@@ -11,15 +11,21 @@ they enter with one access time, the node where the walk stops inside included (
 split off, L660-663 / L728-735, and keeps that stamp); a node made by an insert is stamped at
 its creation (`TreeNode.__init__`, L259).
 
-Here a tree node is a run of blocks: `parent[b]` is the block holding the content before b's
-(-1 at the root), `cont[b]` the next block of b's own node (-1 where b ends its node: a leaf, a
-branch or a split point), `kids[b]` how many tree blocks hang under b, `stamp[b]` its node's
-last access (a tick of a logical clock: one tick per lookup or insert, as the real clock orders
-them). Every block of a node shares its stamp, so only a node's last block is ever keyed in the
-heap. The heap holds (stamp, block) entries pushed when a block becomes a free leaf or a free
-leaf is re-stamped; an entry is stale once its block's stamp, lock or children changed, and is
-skipped when popped (lazy deletion; the heap is compacted once it holds more than twice as
-many entries as the tree has blocks). A lookup costs O(blocks it walks), an eviction O(blocks it frees): never O(cache size).
+Here a tree node is a run of blocks, and everything but the run's links lives once per node: `cont[b]`
+is the next block of b's node (-1 where b ends its node: a leaf, a branch or a split point), kept for
+every tree block; at a node's last block `e`, `head[e]` is its first block, `kids[e]` how many nodes
+hang under it and `stamp[e]` its last access (a tick of a logical clock: one tick per lookup or insert,
+as the real clock orders them); at its first block `h`, `parent[h]` is the last block of the node above
+(-1 at the root). So a lookup or an insert re-stamps the nodes of its path, one store per node, not per
+token (SGLang's page size 1 makes every token a block), walking up from the path's last block by
+`head` and `parent`. Values at other positions are stale and never read (a stale heap entry whose
+block now sits inside a node is recognised by its `cont`). The heap holds (stamp, last block)
+entries pushed when a node becomes a free leaf or a free leaf is re-stamped; an entry is stale once its
+block's stamp, lock or children changed, and is skipped when popped (lazy deletion; the heap is
+compacted once it holds more than twice as many entries as the tree has blocks). A lookup costs
+O(nodes on its path), an insert O(blocks it adds), an eviction O(blocks it frees): never O(cache size).
+The per-block tree it replaces (one stamp, parent and child count per block) is kept as the reference
+model of the property tests (tests/radix_lru_ref.py), which hold the two to the same evictions.
 
 The BlockManager keeps, in this mode, every free block that caches nothing at the front of its
 free queue and every free tree block behind them, so an allocation takes uncached blocks first
@@ -31,6 +37,7 @@ line, so one allocation of n blocks and n allocations of one take the same block
 from __future__ import annotations
 
 import heapq
+from typing import Iterator
 
 
 class RadixLRU:
@@ -39,28 +46,40 @@ class RadixLRU:
     def __init__(self, kv):
         n = kv.num_blocks
         self.kv = kv
-        self.parent = [-1] * n
-        self.cont = [-1] * n
-        self.kids = [0] * n
-        self.stamp = [0] * n
+        self.cont = [-1] * n  # every tree block: the next block of its node, -1 at the node's end
+        self.head = [-1] * n  # at a node's end: its first block
+        self.parent = [-1] * n  # at a node's first block: the end of the node above it, -1 at the root
+        self.kids = [0] * n  # at a node's end: its child nodes
+        self.stamp = [0] * n  # at a node's end: its last access
         self.clock = 0
         self.heap: list[tuple[int, int]] = []
-        self.free_cached = 0  # tree blocks in the free queue (evictable)
         self.size = 0  # tree blocks
+        # The free queue's cached part (free tree blocks, in the order they were freed; their count is
+        # kv._free_tree), one entry per release: (release number, the tree blocks it freed, in queue
+        # order). A listed block is still queued there while `rel[b]` names that release and it is
+        # free and in the tree: reviving or evicting it drops nothing (it goes stale in place).
+        self.rel = [0] * n
+        self.runs: list[tuple[int, list[int]]] = []
+        self.releases = 0
+        self.listed = 0  # blocks listed in runs, live or stale
 
     # --- membership ---------------------------------------------------------------------
     def in_tree(self, b: int) -> bool:
         kv = self.kv
         return kv._own_rid[b] >= 0 or b in kv._key_of
 
+    def is_leaf(self, b: int) -> bool:
+        """Tree block b ends a node that has no child."""
+        return self.cont[b] < 0 and self.kids[b] == 0
+
     def _tick(self) -> int:
         self.clock += 1
         return self.clock
 
-    def _push_if_leaf(self, b: int) -> None:
-        """A free childless tree block is an evictable leaf (`_update_leaf_status`, L790-803)."""
-        if self.kids[b] == 0 and self.kv._ref[b] == 0:
-            heapq.heappush(self.heap, (self.stamp[b], b))
+    def _push_if_leaf(self, e: int) -> None:
+        """A free childless node (ending at e) is an evictable leaf (`_update_leaf_status`, L790-803)."""
+        if self.kids[e] == 0 and self.kv._ref[e] == 0:
+            heapq.heappush(self.heap, (self.stamp[e], e))
             if len(self.heap) > 2 * self.size + 64:
                 self._compact()
 
@@ -69,46 +88,60 @@ class RadixLRU:
         self.heap = sorted(live)
 
     def _valid(self, t: int, b: int) -> bool:
-        return self.stamp[b] == t and self.kids[b] == 0 and self.kv._ref[b] == 0 and self.in_tree(b)
+        return (self.stamp[b] == t and self.cont[b] < 0 and self.kids[b] == 0 and self.kv._ref[b] == 0
+                and self.in_tree(b))
 
     # --- the tree's operations ----------------------------------------------------------
-    def _split(self, b: int, t: int | None) -> None:
+    def _split(self, b: int, t: int) -> None:
         """A walk stopped at block b: if b's node goes on, its tail becomes a node of its own
-        (`_split_node`, L677-700), stamped `t` (the walk entered that node) unless t is None."""
-        c = self.cont[b]
+        (`_split_node`, L677-700), stamped `t` (the walk entered that node) unless t < 0, when both
+        halves keep the node's stamp."""
+        cont = self.cont
+        c = cont[b]
         if c < 0:
             return
-        self.cont[b] = -1
-        if t is None:
-            return
-        stamp, cont = self.stamp, self.cont
-        x = c
+        cont[b] = -1
+        e = c  # the tail's end, which ends the node now split
         while True:
-            stamp[x] = t
-            nx = cont[x]
-            if nx < 0:
+            x = cont[e]
+            if x < 0:
                 break
-            x = nx
-        self._push_if_leaf(x)
+            e = x
+        head, stamp = self.head, self.stamp
+        head[b] = head[e]
+        head[e] = c
+        self.parent[c] = b
+        self.kids[b] = 1
+        if t < 0:
+            stamp[b] = stamp[e]
+            return
+        stamp[b] = t
+        stamp[e] = t
+        self._push_if_leaf(e)
+
+    def _stamp_path(self, e: int, t: int) -> None:
+        """Stamp `t` on the node ending at tree block e and every node above it."""
+        stamp, head, parent = self.stamp, self.head, self.parent
+        while e >= 0:
+            stamp[e] = t
+            e = parent[head[e]]
 
     def touch(self, path: list[int]) -> None:
         """A lookup matched these tree blocks, from the root (`match_prefix` / `touch_prefix`):
-        re-stamp them, and the node it stopped inside, which is split there."""
+        re-stamp their nodes, the one it stopped inside split there."""
         if not path:
             return
         t = self._tick()
-        stamp = self.stamp
-        for b in path:  # a loop stores into a list several times faster than map(stamp.__setitem__, ...)
-            stamp[b] = t
         last = path[-1]
         self._split(last, t)
+        self._stamp_path(last, t)
         self._push_if_leaf(last)
 
     def split_at(self, blocks: list[int], n: int) -> None:
         """A request locks the tree's first n blocks of its path: a node boundary after them (the
         lookup that found them split there)."""
         if n:
-            self._split(blocks[n - 1], None)
+            self._split(blocks[n - 1], -1)
 
     def checkpoint(self, blocks: list[int], m: int, full: int, prompt: int) -> None:
         """The request's blocks[:full] are tree blocks, [m, full) just added: SGLang's
@@ -117,36 +150,35 @@ class RadixLRU:
         L487-502), then look the sequence up again (L524), which stamps the whole path last."""
         t1 = self._tick()
         t3 = t1 + 1  # the lookup after the insert (below)
-        stamp = self.stamp
         if m:
             self._split(blocks[m - 1], t1)  # the node it left the tree inside keeps this insert's stamp
         if m < full:
-            # blocks outside the tree have no children and no node continuation (evict resets them)
-            parent, cont, kids = self.parent, self.cont, self.kids
+            # one node: its blocks linked, its facts stored once (the lookup's stamp already: nothing
+            # between reads it)
+            cont = self.cont
             seg = blocks[m:full]
-            head = seg[0]
-            parent[head] = blocks[m - 1] if m else -1
-            if m:
-                kids[blocks[m - 1]] += 1
-            # one loop over the node's blocks (this runs over every block of every prompt and answer:
-            # Python 3.11 stores into a list in a loop several times faster than map(list.__setitem__, ...))
-            # (the new blocks take the lookup's stamp here already: nothing between reads it)
-            prev = head
-            stamp[head] = t3
-            for b in seg[1:]:
-                parent[b] = prev
+            prev = seg[0]
+            for b in seg[1:]:  # one store per block of every prompt and answer
                 cont[prev] = b
-                kids[prev] = 1
-                stamp[b] = t3
                 prev = b
+            cont[prev] = -1
+            self.head[prev] = seg[0]
+            self.kids[prev] = 0
+            self.stamp[prev] = t3
+            if m:
+                p = blocks[m - 1]
+                self.parent[seg[0]] = p
+                self.kids[p] += 1
+            else:
+                self.parent[seg[0]] = -1
             self.size += full - m
         if 0 < prompt < full:
-            self._split(blocks[prompt - 1], None)
+            self._split(blocks[prompt - 1], -1)
         self.clock = t3
-        for b in blocks[:m]:
-            stamp[b] = t3
-        if m == full and full:
-            self._split(blocks[full - 1], t3)
+        if m:
+            self._stamp_path(blocks[m - 1], t3)
+            if m == full:
+                self._split(blocks[full - 1], t3)
 
     def added(self, blocks: list[int], start: int, end: int) -> None:
         """blocks[start:end] (held) joined the tree under blocks[start - 1] as one new node, stamped
@@ -156,58 +188,94 @@ class RadixLRU:
         self.checkpoint(blocks, start, end, 0)
 
     # --- release, revive, evict ------------------------------------------------------------
-    def released(self, n: int, leaves: list[int]) -> None:
-        """n tree blocks entered the free queue (their last holder unlocked them); `leaves` are
-        those among them with no child."""
-        self.free_cached += n
+    def next_release(self) -> int:
+        """The number of the next release: its caller marks `rel[b]` with it for each tree block it frees."""
+        self.releases += 1
+        return self.releases
+
+    def released(self, no: int, run: list[int], leaves: list[int]) -> None:
+        """Release `no` queued these tree blocks (their last holder unlocked them), in this order, at
+        the free queue's end; `leaves` are those among them that end a childless node."""
+        kv = self.kv
+        if run:
+            kv._free_tree += len(run)
+            self.runs.append((no, run))
+            self.listed += len(run)
+            if self.listed > 4 * kv._free_tree + 65536:  # mostly stale: keep the live blocks (amortised O(1) each)
+                self.runs = [(no, live) for no, live in zip([no for no, _ in self.runs], self._live_runs()) if live]
+                self.listed = kv._free_tree
         for b in leaves:
             self._push_if_leaf(b)
 
+    def _live_runs(self) -> list[list[int]]:
+        """Each run's blocks still queued there."""
+        kv = self.kv
+        rel, ref, own_rid, key_of = self.rel, kv._ref, kv._own_rid, kv._key_of
+        return [[b for b in run if rel[b] == no and ref[b] == 0 and (own_rid[b] >= 0 or b in key_of)]
+                for no, run in self.runs]
+
+    def queued(self) -> Iterator[int]:
+        """The free tree blocks in queue order (released first first)."""
+        kv = self.kv
+        rel, ref, own_rid, key_of = self.rel, kv._ref, kv._own_rid, kv._key_of
+        for no, run in self.runs:
+            for b in run:
+                if rel[b] == no and ref[b] == 0 and (own_rid[b] >= 0 or b in key_of):
+                    yield b
+
     def revived(self, n: int) -> None:
         """n free tree blocks left the free queue (a request locked them)."""
-        self.free_cached -= n
+        self.kv._free_tree -= n
 
     def make_uncached(self, num_blocks: int) -> None:
         """Evict until `num_blocks` free blocks cache nothing, or nothing is evictable
         (`evict_to_free_tokens`: evict the shortfall); the evicted blocks go to the free queue's
         front, in eviction order."""
-        short = num_blocks - (self.kv.num_free_blocks - self.free_cached)
+        short = num_blocks - (self.kv.num_free_blocks - self.kv._free_tree)
         if short > 0:
             self.kv._to_front(self.evict(short))
 
     def evict(self, num_blocks: int) -> list[int]:
         """`RadixCache.evict`: oldest leaf node first, whole nodes, until `num_blocks` are freed;
-        returns the evicted blocks, in eviction order (still in the free queue, where they were)."""
+        returns the evicted blocks, in eviction order (each node from its last block to its first;
+        still in the free queue, where they were)."""
         kv = self.kv
-        heap, parent, cont, kids, stamp = self.heap, self.parent, self.cont, self.kids, self.stamp
+        heap, parent, cont, kids, stamp, head = self.heap, self.parent, self.cont, self.kids, self.stamp, self.head
         ref, own_rid, key_of = kv._ref, kv._own_rid, kv._key_of
         out: list[int] = []
         evicted = 0
         while evicted < num_blocks and heap:
             t, b = heapq.heappop(heap)
-            if stamp[b] != t or kids[b] or ref[b] or not (own_rid[b] >= 0 or b in key_of):
+            if stamp[b] != t or cont[b] >= 0 or kids[b] or ref[b] or not (own_rid[b] >= 0 or b in key_of):
                 continue  # stale
-            node = [b]  # the node: b back to its first block
-            x, p = b, parent[b]
-            while p >= 0 and cont[p] == x:
-                x = p
-                node.append(x)
-                p = parent[x]
-            for x in node:  # then one pass to drop it from the tree
-                if own_rid[x] >= 0:
+            h = head[b]
+            x = h
+            node = [x]  # the node, first block to last
+            if key_of:
+                while x != b:
+                    x = cont[x]
+                    node.append(x)
+                node.reverse()
+                for x in node:  # last block first (a host tier keeps dropped keys in this order)
+                    if own_rid[x] >= 0:
+                        own_rid[x] = -1
+                    else:
+                        kv._drop_key(x)
+            else:  # no shared content cached: every tree block is a request's own
+                own_rid[x] = -1
+                while x != b:
+                    x = cont[x]
                     own_rid[x] = -1
-                else:
-                    kv._drop_key(x)
-                parent[x] = -1
-                kids[x] = 0
-                cont[x] = -1
+                    node.append(x)
+                node.reverse()
             out += node
             evicted += len(node)
+            p = parent[h]
             if p >= 0:
                 kids[p] -= 1
                 if kids[p] == 0 and ref[p] == 0:
                     heapq.heappush(heap, (stamp[p], p))
-        self.free_cached -= evicted
+        kv._free_tree -= evicted
         self.size -= evicted
         return out
 
@@ -217,31 +285,36 @@ class RadixLRU:
         n = kv.num_blocks
         tree = [self.in_tree(b) for b in range(n)]
         assert self.size == sum(tree), f"tree size {self.size}, {sum(tree)} tree blocks"
-        assert self.free_cached == sum(1 for b in kv.free_order() if tree[b]), "free tree-block count is off"
+        assert kv._free_tree == sum(1 for b in kv.free_order() if tree[b]), "free tree-block count is off"
+        assert self.listed == sum(len(r) for _, r in self.runs), "listed blocks miscounted"
         seen_cached = False
         for b in kv.free_order():  # free blocks caching nothing come first
             if tree[b]:
                 seen_cached = True
             else:
                 assert not seen_cached, f"uncached free block {b} behind a cached one"
+        cont, head, parent = self.cont, self.head, self.parent
+        covered = [False] * n
         kids = [0] * n
-        for b in range(n):
-            if not tree[b]:
-                continue
-            p = self.parent[b]
+        ends = [b for b in range(n) if tree[b] and cont[b] < 0]
+        for e in ends:  # each node: its run from head to end, one holder count, under a tree node's end
+            x = head[e]
+            while True:
+                assert tree[x] and not covered[x], f"node ending at {e} runs through block {x} twice or off the tree"
+                covered[x] = True
+                assert kv._ref[x] == kv._ref[e], f"blocks {x} and {e} of one node differ in holders"
+                if x == e:
+                    break
+                x = cont[x]
+                assert x >= 0, f"node ending at {e} breaks off before it"
+            p = parent[head[e]]
             if p >= 0:
-                assert tree[p], f"tree block {b} hangs under block {p}, not in the tree"
+                assert tree[p] and cont[p] < 0, f"node ending at {e} hangs under block {p}, not a node's end"
                 kids[p] += 1
-                assert kv._ref[p] >= kv._ref[b], f"block {b} held by more requests than its parent {p}"
-            c = self.cont[b]
-            if c >= 0:
-                assert self.parent[c] == b and kv._ref[c] == kv._ref[b] and self.stamp[c] == self.stamp[b], \
-                    f"blocks {b} -> {c} of one node differ in parent, holders or stamp"
+                assert kv._ref[p] >= kv._ref[e], f"block {e} held by more requests than its parent {p}"
+        assert all(covered[b] == tree[b] for b in range(n)), "a tree block belongs to no node"
         heap = set(self.heap)
-        for b in range(n):
-            if tree[b]:
-                assert kids[b] == self.kids[b], f"block {b}: {self.kids[b]} children counted, {kids[b]} found"
-                if self.cont[b] >= 0:
-                    assert kids[b] == 1, f"block {b} continues its node but has {kids[b]} children"
-                if kids[b] == 0 and kv._ref[b] == 0:
-                    assert (self.stamp[b], b) in heap, f"evictable leaf {b} missing from the heap"
+        for e in ends:
+            assert kids[e] == self.kids[e], f"block {e}: {self.kids[e]} children counted, {kids[e]} found"
+            if kids[e] == 0 and kv._ref[e] == 0:
+                assert (self.stamp[e], e) in heap, f"evictable leaf {e} missing from the heap"

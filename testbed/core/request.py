@@ -91,6 +91,7 @@ class RequestState:
     token_times: list[float] | None = None  # filled only when per-token times are recorded
     _block_keys: tuple[int, ...] | None = None  # keys of its trace-prefix blocks, made on demand
     _past_blocks: list[list[int]] = field(default_factory=list)  # blocks it held before a preemption
+    _own_from: int = 0  # its first block this life registered itself (after its prefix hit; testbed/core/kv.py)
 
     @property
     def id(self) -> int:

@@ -265,6 +265,8 @@ class SGLangPolicy(BasePolicy):
         self._chunked_id: int | None = None
         self._lookups: list = []  # this step's radix lookups, in order: (request, tokens looked up)
         self._refresh_calls = 0  # calc_priority calls that could refresh the queue's prefixes (P L296)
+        self._max_new_of: dict[int, int] = {}  # request id -> _max_new (computed per request per step otherwise)
+        self._sizes: tuple = ()  # (context, KV tokens, page) the cache above was computed for
 
     # --- bookkeeping --------------------------------------------------------------------------
     def is_steady(self, view) -> bool:
@@ -284,8 +286,8 @@ class SGLangPolicy(BasePolicy):
         """Drop admitted requests; append new arrivals (retracted ones were appended when retracted)."""
         waiting = view.waiting
         q = self._queue
-        if len(q) != len(waiting) or any(s.id not in q for s in waiting):
-            ids = {s.id for s in waiting}
+        if len(q) != len(waiting) or any(s.req.id not in q for s in waiting):
+            ids = {s.req.id for s in waiting}
             self._queue = q = {i: s for i, s in q.items() if i in ids}
             for s in waiting:
                 if s.id not in q:
@@ -297,9 +299,14 @@ class SGLangPolicy(BasePolicy):
         (S L2710-2717, tp_worker.py L568-571), and at most KV tokens - paged prompt - page - 1
         (`max_new_tokens_for_memory`, mem_cache/allocator/base.py L88-105). (SGLang would then
         stop the request early; here it still generates its trace length.)"""
-        p, bs = s.req.prompt_len, self._page
+        req = s.req
+        got = self._max_new_of.get(req.id)  # fixed per request (the view's sizes do not change in a run)
+        if got is not None:
+            return got
+        p, bs = req.prompt_len, self._page
         limit = min(min(self._context, self._kv_tokens) - 1 - p - 1, self._kv_tokens - -(-p // bs) * bs - bs - 1)
-        return max(0, min(max(self.knobs.max_new_tokens, s.req.output_len), limit))
+        got = self._max_new_of[req.id] = max(0, min(max(self.knobs.max_new_tokens, req.output_len), limit))
+        return got
 
     def _max_running(self, view) -> int:
         if self.knobs.max_running_requests:
@@ -355,15 +362,27 @@ class SGLangPolicy(BasePolicy):
         return plan
 
     def _schedule(self, view) -> Plan:
-        self._context, self._kv_tokens, self._page = view.max_model_len, view.num_blocks * view.block_size, view.block_size
+        sizes = (view.max_model_len, view.num_blocks * view.block_size, view.block_size)
+        if sizes != self._sizes:
+            self._sizes = sizes
+            self._context, self._kv_tokens, self._page = sizes
+            self._max_new_of.clear()
         self._catch_up(view)
         self._sync_queue(view)
         running = view.running
-        chunked = next((s for s in running if s.is_prefill or s.id == self._chunked_id), None)
-        decoding = [s for s in running if s is not chunked]
+        chunked = None
+        chunked_id = self._chunked_id
+        for s in running:  # the first still prefilling (RequestState.is_prefill, inlined: once per request per step)
+            req = s.req
+            if (req.prompt_len + s.num_generated - s.num_computed > 1 or s.num_generated == 0
+                    or req.id == chunked_id):
+                chunked = s
+                break
+        decoding = [s for s in running if s is not chunked] if chunked is not None else list(running)
         if self._batch_pos:  # SGLang's running-batch order: kept across steps, new ones appended
-            decoding.sort(key=lambda s: self._batch_pos.get(s.id, float("inf")))
-        if self._full is not None and (not decoding or not self._full <= {s.id for s in running}):
+            pos, inf = self._batch_pos, float("inf")
+            decoding.sort(key=lambda s: pos.get(s.req.id, inf))
+        if self._full is not None and (not decoding or not self._full <= {s.req.id for s in running}):
             self._full = None  # a request left the batch
         plan = self._prefill(view, decoding, chunked)
         if plan.items:
@@ -386,9 +405,10 @@ class SGLangPolicy(BasePolicy):
         queue = self._order(view)
         bs = view.block_size
         page = lambda n: -(-n // bs) * bs  # noqa: E731 (ceil_paged_tokens)
-        ratio_of = (lambda s: 1.0) if k.ignore_eos else (lambda s: self.ratio)
+        ratio = 1.0 if k.ignore_eos else self.ratio
+        clip, max_new_of = k.clip_max_new_tokens, self._max_new
         rem_total = view.free_blocks * bs - sum(
-            min(self._max_new(s) - s.num_generated, k.clip_max_new_tokens) * ratio_of(s) for s in decoding)
+            [min(max_new_of(s) - s.num_generated, clip) * ratio for s in decoding])
         rem_input = k.max_prefill_tokens  # PrefillAdder(rem_input_tokens=max_prefill_tokens), S L4157-4164
         rem_chunk = k.chunked_prefill_size or None  # rem_chunk_tokens = chunked_prefill_size (P L639), not capped by rem_input
         cap = view.token_budget  # the engine's own limit on a step's tokens (not SGLang's: keep it above)
@@ -491,7 +511,12 @@ class SGLangPolicy(BasePolicy):
 
     def _decode(self, view, plan: Plan, decoding) -> Plan:
         free = view.free_blocks
-        need = sum(view.blocks_needed(s, 1) for s in decoding)
+        bs = view.block_size  # view.blocks_needed(s, 1) of a running request, inlined: once per request per step
+        need = 0
+        for s in decoding:
+            n = -(-(s.num_computed + 1) // bs) - len(s.blocks)
+            if n > 0:
+                need += n
         if need <= free:
             self._decode_mark = view.steps_done  # decays once this step is done
         else:
@@ -519,7 +544,6 @@ class SGLangPolicy(BasePolicy):
             self.ratio = min(1.0, (generated + self.knobs.retract_decode_steps * len(keep)) / (max_new + 1))
             self._decode_mark = None  # no decay on a retracting step
             self._full = None  # the batch shrank
-        self._batch_pos = {s.id: i for i, s in enumerate(decoding)}
-        for s in decoding[:view.token_budget]:
-            plan.schedule(s, 1)
+        self._batch_pos = {s.req.id: i for i, s in enumerate(decoding)}
+        plan.items += [(s, 1) for s in decoding[:view.token_budget]]  # plan.schedule(s, 1) each
         return plan

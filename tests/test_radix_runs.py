@@ -1,0 +1,149 @@
+"""SGLang's radix tree kept per node and its free blocks queued per release (testbed/core/kv.py,
+radix_lru.py) against the per-block bookkeeping they replaced (tests/kv_ref.py, radix_lru_ref.py:
+HEAD 3866720's), step by step: the same operations on both take the same blocks, hit the same
+prefixes and leave the same free queue, so the run-based tree evicts in exactly the order the
+per-block one did."""
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kv_ref import BlockManagerRef
+from testbed.core.kv import BlockManager
+from testbed.core.request import Request, RequestState
+
+
+def _state(rid, prompt, out, hashes):
+    return RequestState(Request(id=rid, arrival=0.0, prompt_len=prompt, output_len=out,
+                                prefix_hashes=tuple(hashes), prefix_block_tokens=4))
+
+
+def _pair(num_blocks, block_size, mode="finished"):
+    new = BlockManager(num_blocks, block_size, True, 0, mode)
+    ref = BlockManagerRef(num_blocks, block_size, True, 0, mode)
+    return new, ref
+
+
+def _same(new, ref, states_new, states_ref):
+    assert list(new.free_order()) == list(ref.free_order())
+    assert new.num_free_blocks == ref.num_free_blocks and new.num_used_blocks == ref.num_used_blocks
+    if new._radix is not None:
+        assert new._radix.size == ref._radix.size
+    for rid, s in states_new.items():
+        r = states_ref[rid]
+        assert s.blocks == r.blocks and s.num_cached_blocks == r.num_cached_blocks
+        assert new.match_prefix(s) == ref.match_prefix(r)
+
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["admit", "admit", "prefill", "grow", "grow", "retract", "finish",
+                               "look_up", "evict"]),
+              st.integers(0, 9), st.integers(1, 40), st.lists(st.integers(0, 2), max_size=5),
+              st.integers(0, 3)),
+    min_size=1, max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(num_blocks=st.integers(8, 96), block_size=st.sampled_from([1, 1, 2, 4]), ops=ops,
+       mode=st.sampled_from(["finished", "finished", "scheduled"]))
+def test_run_based_radix_tree_matches_the_per_block_one(num_blocks, block_size, ops, mode):
+    # admissions (looked up, hit, allocated in chunks), decodes, retractions (a retracted request comes
+    # back and re-hits its own prompt, whose blocks note their index and life only then), finishes,
+    # lookups and evictions, on both block managers in lockstep; in vLLM's mode too (decode blocks
+    # registered as scheduled, evicted least recently released first)
+    new, ref = _pair(num_blocks, block_size, mode)
+    kvs = (new, ref)
+    running: tuple[dict, dict] = ({}, {})  # rid -> state, per manager
+    waiting: tuple[dict, dict] = ({}, {})  # retracted: rid -> state
+    rid = 0
+    slots: dict[int, int] = {}  # slot -> rid
+    for op, slot, tokens, hashes, chunk in ops:
+        r = slots.get(slot)
+        for kv, run, wait in zip(kvs, running, waiting):
+            if op == "admit":
+                if r is None:
+                    s = _state(rid + 1, tokens, 1 + tokens % 7, hashes)
+                elif r in wait:
+                    s = wait[r]
+                else:
+                    continue
+                kv.touch(s, s.known_len - 1)
+                s.num_computed = kv.acquire_prefix(s)
+                n = min(s.req.prompt_len - s.num_computed, 1 + chunk * 5)
+                if kv.can_allocate(kv.blocks_needed(s, n)):
+                    kv.allocate(s, n)
+                    s.num_computed += n
+                    kv.register(s, s.num_computed)
+                    run[s.id] = s
+                    wait.pop(s.id, None)
+                else:
+                    kv.free(s)
+                    wait[s.id] = s
+            elif r in run:
+                s = run[r]
+                if op == "prefill" and s.num_computed < s.req.prompt_len:
+                    n = min(s.req.prompt_len - s.num_computed, 1 + chunk * 3)
+                    if kv.can_allocate(kv.blocks_needed(s, n)):
+                        kv.allocate(s, n)
+                        s.num_computed += n
+                        kv.register(s, s.num_computed)
+                elif op == "grow" and s.num_computed >= s.req.prompt_len:
+                    n = chunk + 1
+                    if kv.can_allocate(kv.blocks_needed(s, n)):
+                        kv.allocate(s, n)
+                        s.num_computed += n
+                        s.num_generated += n
+                        if kv.cache_decode:
+                            kv.register(s, s.num_computed)
+                elif op == "retract":
+                    kv.free(s)
+                    s.num_computed = 0
+                    s.num_generated = 0
+                    del run[r]
+                    wait[r] = s
+                elif op == "finish":
+                    kv.free(s, finished=True)
+                    del run[r]
+            elif op == "look_up" and r in wait:
+                kv.touch(wait[r], wait[r].known_len)
+            if op == "evict":
+                kv.evict_to_free(tokens % num_blocks + 1)
+        if op == "admit" and r is None:
+            rid += 1
+            slots[slot] = rid
+        for kv, run in zip(kvs, running):
+            kv.check_invariants(run.values())
+        _same(new, ref, running[0], running[1])
+        for w_new, w_ref in zip(waiting[0].values(), waiting[1].values()):
+            assert new.match_prefix(w_new) == ref.match_prefix(w_ref)
+    for kv, run in zip(kvs, running):
+        for s in list(run.values()):
+            kv.free(s, finished=True)
+        kv.evict_to_free(num_blocks)
+        kv.check_invariants([])
+    assert list(new.free_order()) == list(ref.free_order())
+
+
+def test_a_lookup_stamps_whole_nodes_and_the_oldest_leaf_goes_first():
+    # page size 1: A (6 tokens) and B (6) are retracted, prompts cached; a lookup of A's first 3
+    # splits A there and stamps both halves (the walk entered A's node), so B is the oldest leaf: the
+    # 4 blocks C needs evict B whole (6), 2 of them left uncached at the queue's head, and A still
+    # hits all it may (5 of 6 tokens: one is left to compute), as the per-block tree has it
+    new, ref = _pair(12, 1)
+    evicted = []
+    for kv in (new, ref):
+        a, b = _state(1, 6, 1, ()), _state(2, 6, 1, ())
+        for s in (a, b):
+            kv.allocate(s, 6)
+            s.num_computed = 6
+            kv.register(s, 6)
+        kv.free(b)  # retracted: its prompt stays cached, and it can look it up
+        kv.free(a)
+        kv.touch(a, 3)
+        kv.check_invariants([])
+        c = _state(3, 4, 1, ())
+        kv.allocate(c, 4)
+        kv.check_invariants([c])
+        evicted.append((c.blocks, list(kv.free_order()), kv.match_prefix(a), kv.match_prefix(b)))
+    assert evicted[0] == evicted[1]
+    assert evicted[0][2] == 5 and evicted[0][3] == 0 and len(evicted[0][1]) == 8  # B's 2 spare blocks, then A's 6
