@@ -8,12 +8,14 @@ fit on all. Two things keep that number down without changing what is fitted:
   is replayed with, never on which other runs share the fit, so the fits of a leave-one-model-out
   validation share every replay they have in common: all of them start from the config's values and
   take the same finite-difference steps there, so the Jacobian at the start is simulated once for all
-  of them, and the fitted values' replays are reused when the runs are scored.
+  of them, and the fitted values' replays are reused when the runs are scored. A key the run's replay
+  cannot read (`inert_keys`) is replayed at the config's value, so its finite difference there is free.
 - `fit` linearises once: a finite-difference Jacobian at the start (one replay of every run per key),
   then each step costs one replay of every run and updates the Jacobian from what the step showed
   (Broyden's rank-one update), a fresh finite-difference Jacobian being taken only when a step fails to
-  lower the squared error. `validate.fit_method=newton` takes a fresh Jacobian at every step instead
-  (Gauss-Newton, what the fit did before: one replay of every run per key and step more).
+  lower the squared error and an iteration is left to use it. `validate.fit_method=newton` takes a fresh
+  Jacobian at every step instead (Gauss-Newton, what the fit did before: one replay of every run per key
+  and step more).
 
 Every step is bounded (each key >= 0) and only a step that lowers the squared relative error is taken,
 so the result is the best point the fit replayed.
