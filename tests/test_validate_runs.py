@@ -454,3 +454,89 @@ def test_a_stop_scores_and_writes_the_runs_replayed_so_far(tmp_path, monkeypatch
     report = V.validate(cfg)
     assert report["interrupted"].startswith("stopped during the fit after 2 replays") and "fitted_on_all_models" not in report
     assert (tmp_path / "fit" / "validate.json").exists()
+
+
+# --- replays the fit does without: none of them could change a fitted value or a score ----------------------
+
+def test_the_start_and_its_jacobian_are_asked_in_one_round(tmp_path):
+    """The Jacobian's points at the start do not depend on the start's residuals: asked with them, no core
+    waits for the start's slowest replay before differencing."""
+    runs = fit_fixture(tmp_path)
+    cfg = config("hardware.step_overhead_s=0.006", "frontend.request_s=0.004")
+    first = next(validate_fit.fit_steps(cfg, runs, list(TRUTH)))
+    assert len(first) == len(runs) * (1 + len(TRUTH))
+    assert len({(run.name, tuple(sorted(values.items()))) for run, values in first}) == len(first)
+
+
+def test_a_step_refused_on_the_last_iteration_takes_no_jacobian(tmp_path):
+    """From k = 5 the first step (to ~0) is taken and the second refused: with no iteration left, a fresh
+    Jacobian would be simulated and never used."""
+    run, = fit_fixture(tmp_path)[:1]
+    cfg = OmegaConf.create({"k": 5.0, "validate": {"fit_method": "broyden", "fit_iterations": 2, "fit_step": 0.1,
+                                                   "fit_tolerance": 1e-6}})
+    replays = CurveReplays()
+    done = validate_fit.run_fits(replays, [validate_fit.fit_steps(cfg, [run], ["k"])])[0]
+    assert done.steps == 1 and len(done.history) == 2 and done.history[1][1] > done.cost  # the second refused
+    assert done.jacobians == 1 and replays.simulated == 1 + 1 + 2  # start, its difference, two steps
+
+
+def test_a_key_a_run_cannot_read_is_replayed_once_for_all_its_values(tmp_path, monkeypatch):
+    """The all-reduce overhead prices nothing on one GPU: a TP 1 run's replay at a moved value is its
+    replay at the config's (here the start's, so its finite difference costs no replay)."""
+    calls: list = []
+    monkeypatch.setattr(validate_fit, "simulate_run", fake_replay(calls))
+    write_run(tmp_path, "run0", "org/A-1b", SMALL, [(4.0, 20.0)], tp=1)
+    write_run(tmp_path, "run1", "org/B-1b", SMALL, [(4.0, 20.0)], tp=2)
+    runs = load_runs(tmp_path)
+    ar = "cost_model.allreduce_overhead_s"
+    cfg = config("validate.jobs=1", "validate.fit_iterations=1", "hardware.step_overhead_s=0.006",
+                 "frontend.request_s=0.004", f"{ar}=5e-6")
+    replays = validate_fit.Replays(cfg)
+    validate_fit.fit(cfg, replays, runs, [*TRUTH, ar])
+    values = {name: [dict(v) for n, v in calls if n == name] for name in ("run0", "run1")}
+    assert {v[ar] for v in values["run0"]} == {5e-6}  # never moved on one GPU
+    assert len({v[ar] for v in values["run1"]}) == 2  # start and its difference (the step leaves it: no slope)
+    assert replays.simulated == len(calls) == 2 * (1 + 3 + 1) - 1
+
+
+def test_the_all_reduce_overhead_prices_nothing_on_one_gpu():
+    """What `inert_keys` relies on: at TP 1 a step costs the same whatever cost_model.allreduce_overhead_s."""
+    from testbed.core.cost import BatchShape, add_work
+    from testbed.core.specs import HardwareSpec, ModelSpec, ParallelSpec
+    from testbed.sim.kernel_cost import KernelCostModel
+    from testbed.sim.kernel_db import KernelDB
+
+    db = KernelDB("h100_sxm", "vllm")
+    model = ModelSpec(name="llama2-7b", hidden_size=4096, intermediate_size=11008, num_layers=32, num_heads=32,
+                      num_kv_heads=32, head_dim=128, vocab_size=32000)
+    shapes = []
+    for work in ([(799, 1, True)] * 8, [(0, 512, False), (300, 1, True)]):
+        s = BatchShape()
+        add_work(s, work)
+        shapes.append(s)
+
+    def times(tp: int, overhead: float) -> list[float]:
+        cost = KernelCostModel(model, HardwareSpec(kernel_db_gpu="h100_sxm"), ParallelSpec(tp, 1), db,
+                               max_tokens=4096, allreduce_overhead_s=overhead)
+        return [cost.step_time(s) for s in shapes]
+
+    assert times(1, 0.0) == times(1, 1e-3)  # exactly
+    assert all(b > a for a, b in zip(times(2, 0.0), times(2, 1e-3)))
+
+
+def test_a_held_out_runs_without_a_scored_stage_are_not_replayed_at_the_fit_on_all(tmp_path, monkeypatch):
+    """With models held out, the fit on all is scored in-sample, over scored stages only: an overloaded
+    run's replay there would be read by nothing. It is replayed once, at its model's own fit."""
+    calls: list = []
+    monkeypatch.setattr(validate_fit, "simulate_run", fake_replay(calls))
+    fit_fixture(tmp_path)
+    write_run(tmp_path, "run4", "org/A-1b", SMALL, [(4.0, 20.0)], [{"failed": 3}])
+    cfg = config(f"validate.runs={tmp_path}", f"output.dir={tmp_path / 'out'}", "validate.jobs=1",
+                 "validate.fit=[hardware.step_overhead_s,frontend.request_s]", "validate.fit_iterations=1",
+                 "hardware.step_overhead_s=0.006", "frontend.request_s=0.004")
+    report = V.validate(cfg)
+    without_a = tuple(sorted(report["fitted_without_model"]["A-1b"].items()))
+    assert [values for name, values in calls if name == "run4"] == [without_a]
+    assert without_a != tuple(sorted(report["fitted_on_all_models"].items()))
+    assert "run4" in set(pd.read_csv(tmp_path / "out" / "validate.csv")["run"])
+    assert report["overloaded_stages"] == 1

@@ -8,12 +8,14 @@ fit on all. Two things keep that number down without changing what is fitted:
   is replayed with, never on which other runs share the fit, so the fits of a leave-one-model-out
   validation share every replay they have in common: all of them start from the config's values and
   take the same finite-difference steps there, so the Jacobian at the start is simulated once for all
-  of them, and the fitted values' replays are reused when the runs are scored.
+  of them, and the fitted values' replays are reused when the runs are scored. A key the run's replay
+  cannot read (`inert_keys`) is replayed at the config's value, so its finite difference there is free.
 - `fit` linearises once: a finite-difference Jacobian at the start (one replay of every run per key),
   then each step costs one replay of every run and updates the Jacobian from what the step showed
   (Broyden's rank-one update), a fresh finite-difference Jacobian being taken only when a step fails to
-  lower the squared error. `validate.fit_method=newton` takes a fresh Jacobian at every step instead
-  (Gauss-Newton, what the fit did before: one replay of every run per key and step more).
+  lower the squared error and an iteration is left to use it. `validate.fit_method=newton` takes a fresh
+  Jacobian at every step instead (Gauss-Newton, what the fit did before: one replay of every run per key
+  and step more).
 
 Every step is bounded (each key >= 0) and only a step that lowers the squared relative error is taken,
 so the result is the best point the fit replayed.
@@ -22,16 +24,18 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Generator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.app.analysis.real_runs import RealRun
-from testbed.app.analysis.validate_replay import FIT_METRICS, RunReplay, scored, simulate_run
+from testbed.app.analysis.validate_replay import FIT_METRICS, RunReplay, inert_keys, scored, simulate_run
 
 log = logging.getLogger("testbed.app.analysis.validate_fit")
 FIT_METHODS = ("broyden", "newton")
@@ -70,16 +74,26 @@ class Replays:
         self._running: dict = {}  # future -> key
         self._pool: ProcessPoolExecutor | None = None
         self.simulated = 0  # replays run (the rest were found done)
+        self.cpu_s = 0.0  # the CPU seconds they took, in whichever process ran them
         self.asked = 0
 
     def want(self, asks: list[tuple[RealRun, dict[str, float] | None]]) -> list[tuple]:
         """Queue the replays of `asks` not done or under way; their keys, in order (`ready`, `take`)."""
+        asks = [(run, self._read(run, values)) for run, values in asks]
         keys = [(str(run.path), _values_key(values)) for run, values in asks]
         self.asked += len(asks)
         for key, ask in zip(keys, asks):
             if key not in self._done and key not in self._queued and key not in self._running.values():
                 self._queued[key] = ask
         return keys
+
+    def _read(self, run: RealRun, values: dict[str, float] | None) -> dict[str, float] | None:
+        """`values` as the run's replay reads them: a key it cannot read (`inert_keys`) at the config's value,
+        so that the replays differing only there are one."""
+        inert = inert_keys(self.cfg, run).intersection(values or ())
+        if not inert:
+            return values
+        return {k: float(OmegaConf.select(self.cfg, k)) if k in inert else v for k, v in values.items()}
 
     def ready(self, keys: list[tuple]) -> bool:
         return all(k in self._done for k in keys)
@@ -104,24 +118,25 @@ class Replays:
         if self.jobs <= 1:
             key = self._next()
             run, values = self._queued.pop(key)
+            t = time.process_time()
             done = None if self.stop() else self._simulate(run, values)
             if done is None:
                 raise ReplaysStopped([])
-            self._finish(key, done)
+            self._finish(key, done, time.process_time() - t)
             return
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.jobs, initializer=_pool_worker, initargs=(os.getpid(),))
         while self._queued and len(self._running) < self.jobs:  # only `jobs` at once: the queue keeps its order
             key = self._next()
             run, values = self._queued.pop(key)
-            self._running[self._pool.submit(simulate_run, self.cfg, run, values)] = key
+            self._running[self._pool.submit(_timed_replay, self.cfg, run, values)] = key
         finished: set = set()
         while not finished:  # (the timeout: a signal's flag is looked at between results)
             if self.stop():
                 raise ReplaysStopped([])
             finished = wait(list(self._running), timeout=0.2, return_when=FIRST_COMPLETED).done
         for f in finished:
-            self._finish(self._running.pop(f), f.result())
+            self._finish(self._running.pop(f), *f.result())
 
     def _next(self) -> tuple:
         """The costliest queued replay (the first asked among equals): long runs start early, so that
@@ -131,9 +146,11 @@ class Replays:
     def _simulate(self, run: RealRun, values: dict[str, float] | None) -> RunReplay | None:
         return simulate_run(self.cfg, run, values, self.stop)
 
-    def _finish(self, key: tuple, done: RunReplay) -> None:
+    def _finish(self, key: tuple, done: RunReplay, cpu_s: float) -> None:
         self._done[key] = done
         self.simulated += 1
+        self.cpu_s += cpu_s
+        log.info("validate: replayed %s at %s in %.2f CPU s", Path(key[0]).name, dict(key[1]), cpu_s)
 
     def close(self) -> None:
         """The pool's end; after a signal (`stop`), at once: its replays are dropped, not awaited."""
@@ -146,6 +163,14 @@ class Replays:
             else:
                 self._pool.shutdown()
             self._pool = None
+
+
+def _timed_replay(cfg: DictConfig, run: RealRun, values: dict[str, float] | None) -> tuple[RunReplay, float]:
+    """A replay in a pool worker, and the worker's CPU seconds for it (what the cores must do, whatever
+    else shares them)."""
+    t = time.process_time()
+    done = simulate_run(cfg, run, values)
+    return done, time.process_time() - t
 
 
 def _pool_worker(parent: int) -> None:
@@ -244,19 +269,32 @@ def fit_steps(cfg: DictConfig, runs: list[RealRun], keys: list[str]) -> Generato
         got = yield [(run, dict(zip(keys, p.tolist()))) for p in points for run in runs]
         return [residuals(got[i * len(runs):(i + 1) * len(runs)]) for i in range(len(points))]
 
-    def jacobian(x: np.ndarray, r: np.ndarray):
-        """d residuals / d (x / scale) by forward differences, every key's replays in one batch."""
+    def differenced(x: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The forward-difference steps at x and the points they reach, one per key."""
         # relative to the key's value, but never below a tenth of its starting scale (1e-5 for a key that
         # starts at 0): a key fitted down to ~0 would otherwise be differenced over a rounding error
         steps = vc.fit_step * np.maximum(np.abs(x), 0.1 * scale)
-        moved = yield from resid([x + np.eye(len(x))[i] * steps[i] for i in range(len(x))])
+        return steps, [x + np.eye(len(x))[i] * steps[i] for i in range(len(x))]
+
+    def slopes(r: np.ndarray, steps: np.ndarray, moved: list[np.ndarray]) -> np.ndarray:
+        """d residuals / d (x / scale) from the residuals at the differenced points."""
         return np.column_stack([(ri - r) / steps[i] for i, ri in enumerate(moved)]) * scale
 
-    r, = yield from resid([x])
+    def jacobian(x: np.ndarray, r: np.ndarray):
+        """The Jacobian at x, every key's replays in one batch."""
+        steps, points = differenced(x)
+        return slopes(r, steps, (yield from resid(points)))
+
+    # the first step always starts from a Jacobian at x, whose points do not depend on the residuals there:
+    # asked with the start, so that no core waits for the start's slowest replay before differencing
+    steps, points = differenced(x)
+    r, *moved = yield from resid([x] + points)
     out = FitResult({}, float(r @ r), float(r @ r))
-    jac, fresh, shrink, dz = None, False, 1.0, None
-    for _ in range(vc.fit_iterations):
-        if jac is None or (vc.fit_method == "newton" and not fresh):
+    jac, fresh, shrink, dz = slopes(r, steps, moved), True, 1.0, None
+    out.jacobians += 1
+    for i in range(vc.fit_iterations):
+        last = i == vc.fit_iterations - 1
+        if vc.fit_method == "newton" and not fresh:
             jac, fresh = (yield from jacobian(x, r)), True
             out.jacobians += 1
         if shrink == 1.0:
@@ -275,6 +313,8 @@ def fit_steps(cfg: DictConfig, runs: list[RealRun], keys: list[str]) -> Generato
             jac = jac + np.outer(r_new - r - jac @ step, step) / (step @ step)  # Broyden: the secant along the step
             x, r, fresh, shrink = x_new, r_new, False, 1.0
             out.steps += 1
+        elif last:  # no step is left to try from a fresh Jacobian or a shorter step: x is the fit
+            break
         elif not fresh:  # the updated Jacobian misled the step: take a fresh one here and try again
             jac, fresh = (yield from jacobian(x, r)), True
             out.jacobians += 1

@@ -7,6 +7,7 @@ them), so that a figure compared is a figure defined alike on both sides.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -16,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from testbed.app.analysis.inference_perf import client_figures, messages_per_token
 from testbed.app.analysis.real_runs import RealRun
+from testbed.core.request import Request
 from testbed.traces.shared_prefix import shared_prefix_requests
 
 FIT_METRICS = ("ttft", "e2e", "tpot")  # the means the fit's residuals are made of
@@ -83,17 +85,39 @@ def run_config(cfg: DictConfig, run: RealRun, values: dict[str, float] | None = 
     return c
 
 
-def run_requests(run: RealRun, seed: int, stage_gap_s: float):
+def inert_keys(cfg: DictConfig, run: RealRun) -> frozenset[str]:
+    """Config keys whose value cannot change the run's replay, so that a fit replays a run once for all
+    of their values (the Jacobian's column of such a key is zero there): `cost_model.allreduce_overhead_s`
+    prices tensor-parallel all-reduces (testbed/sim/kernel_cost.py, the only reader), and a run on one
+    GPU per pipeline stage has none (a disaggregated run's pools set their own parallelism)."""
+    disagg = cfg.get("disagg")
+    if run.tensor_parallel == 1 and not (disagg is not None and disagg.get("enabled")):
+        return frozenset({"cost_model.allreduce_overhead_s"})
+    return frozenset()
+
+
+def run_requests(run: RealRun, seed: int, stage_gap_s: float) -> tuple[list[Request], list[int]]:
     """The run's workload, with the prompts stretched to the length the client counted."""
     w = run.workload
     nominal = w.system_prompt_len + w.question_len
     measured = [s.mean_prompt_len for s in run.stages if s.succeeded]
     scale = float(np.mean(measured)) / nominal if measured else 1.0
-    stages = [(s.rate, s.duration_s) for s in run.stages]
-    return shared_prefix_requests(num_groups=w.num_groups, prompts_per_group=w.prompts_per_group,
-                                  system_prompt_len=w.system_prompt_len, question_len=w.question_len,
-                                  output_len=w.output_len, stages=stages, prompt_scale=scale,
-                                  stage_gap_s=stage_gap_s, seed=seed)
+    stages = tuple((s.rate, s.duration_s) for s in run.stages)
+    requests, starts = _workload(w.num_groups, w.prompts_per_group, w.system_prompt_len, w.question_len,
+                                 w.output_len, stages, scale, stage_gap_s, seed)
+    return list(requests), list(starts)
+
+
+@functools.lru_cache(maxsize=64)
+def _workload(num_groups: int, prompts_per_group: int, system_prompt_len: int, question_len: int, output_len: int,
+              stages: tuple, prompt_scale: float, stage_gap_s: float, seed: int) -> tuple[tuple[Request, ...], tuple[int, ...]]:
+    """A fit replays each run many times with the same workload: built once per process (its requests are
+    frozen, and the same arguments build the same ones)."""
+    requests, starts = shared_prefix_requests(num_groups=num_groups, prompts_per_group=prompts_per_group,
+                                              system_prompt_len=system_prompt_len, question_len=question_len,
+                                              output_len=output_len, stages=list(stages), prompt_scale=prompt_scale,
+                                              stage_gap_s=stage_gap_s, seed=seed)
+    return tuple(requests), tuple(starts)
 
 
 def _figures(rows, n_out: int, per_token: int | None) -> tuple[dict, bool]:

@@ -82,8 +82,12 @@ def _validate(cfg: DictConfig, stop) -> dict:
             held_out = models if vc.leave_one_model_out and len(models) > 1 else []
             # the fit on all models and, for each model, a whole fit without it (from the config's starting
             # values: the held-out model's runs play no part in it), all driven together, each one's scoring
-            # replays (every run at the fit on all, the held-out model's at the fit without it) asked as it ends
-            fits = run_fits(replays, [then_replay(fit_steps(cfg, runs, keys), runs)] + [
+            # replays (the held-out model's runs at the fit without it; every run at the fit on all, except, with
+            # models held out, a held-out model's run with no scored stage: the fit on all scores it nowhere)
+            # asked as it ends
+            in_sample_runs = [r for r in runs if r.model_name not in held_out] + fit_runs(
+                [r for r in runs if r.model_name in held_out])
+            fits = run_fits(replays, [then_replay(fit_steps(cfg, runs, keys), in_sample_runs)] + [
                 then_replay(fit_steps(cfg, [r for r in runs if r.model_name != m], keys),
                             [r for r in runs if r.model_name == m]) for m in held_out])
             fitted_all = report["fitted_on_all_models"] = fits[0].values
@@ -94,10 +98,10 @@ def _validate(cfg: DictConfig, stop) -> dict:
                                               for m, f in zip(held_out, fits[1:])}
             # a model with no scored stage had no fit of its own left out: it is scored with the fit on all
             # (every one of these replays was asked by `then_replay`: found done)
-            asks = [(r, fitted_all) for r in runs] + [(r, per_model.get(r.model_name, fitted_all)) for r in runs]
+            asks = [(r, fitted_all) for r in in_sample_runs] + [(r, per_model.get(r.model_name, fitted_all)) for r in runs]
             got = replays.get(asks)
-            in_sample = got[:len(runs)]
-            results = got[len(runs):] if held_out else in_sample
+            in_sample = got[:len(in_sample_runs)]
+            results = got[len(in_sample_runs):]
             report["in_sample_median_abs_error"] = median_abs_errors([s for rr in in_sample for s in rr.stages])
             if held_out:
                 report["fitted_without_model"] = per_model
@@ -112,6 +116,7 @@ def _validate(cfg: DictConfig, stop) -> dict:
         log.warning("interrupted: %s", report["interrupted"])
     finally:
         report["replays"] = {"asked": replays.asked, "simulated": replays.simulated}
+        report["replays_cpu_s"] = replays.cpu_s
         replays.close()
     stages = [s for rr in results for s in rr.stages]
     wholes = [rr.whole for rr in results if rr.whole is not None]
