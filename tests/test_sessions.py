@@ -287,7 +287,7 @@ def test_the_engine_and_vllm_refuse_closed_loop_replay(tmp_path):
 def test_closed_loop_fast_forward_is_exact(tmp_path, extra):
     """A replica's decode run is planned and completed once and cut only by an arrival routed to it (the
     other replicas' step ends are replayed as cut points that neither plan nor complete: sim/decode_runs.py
-    ClosedLoopRun), so a turn released by a finish anywhere is seen as it would be step by step: merging
+    WindowedRun), so a turn released by a finish anywhere is seen as it would be step by step: merging
     steps changes no request's times."""
     path = write(tmp_path / "s.jsonl", session_rows(n_sessions=30, turns=3, hashes=False, gap=3.0, spacing=0.2))
     merged = run(path, "trace.session_replay=closed", *extra)

@@ -223,10 +223,11 @@ class DeferredRun:
             heapq.heappush(heap, (self._next_call(j), j))
 
 
-class ClosedLoopRun(DeferredRun):
-    """A decode run under closed-loop sessions on several replicas. The old planner ended a window at
-    every other replica's step end (a finish there may release a turn here at once), so its windows
-    cannot be replayed from the deliveries alone: the simulator keeps one timeout per old window
+class WindowedRun(DeferredRun):
+    """A decode run on several replicas whose old windows cannot be replayed from the deliveries alone:
+    under closed-loop sessions the old planner ended a window at every other replica's step end (a finish
+    there may release a turn here at once); under async scheduling an arrival held back past a window's
+    cut reaches the loop after the next plan. So the simulator keeps one timeout per old window
     (each scheduled when and for where the old one was, so every tie falls as before) and plans the
     next window at each (`plan_window`), without planning the batch or completing its steps."""
 

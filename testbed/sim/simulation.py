@@ -39,7 +39,7 @@ finishes (checked after each completed step) and then released by a SimPy timeou
 time. A replica's decode run ends at its own first finish; with several replicas the old planner also
 ended it by the end of every other replica's step in flight (a finish there may release a turn to it),
 planning and completing it again each time. Now (fast_forward, no arrival hook) a run is planned and
-completed once and cut only by an arrival routed to its replica (`ClosedLoopRun`,
+completed once and cut only by an arrival routed to its replica (`WindowedRun`,
 testbed/sim/decode_runs.py): what is left of each old window is a timeout at its end, scheduled when
 the old one was (so ties fall as before), where the next window's bound is read and its KV blocks
 taken. The results are bit-identical to the old structure (`per_replica_runs=False`).
@@ -59,7 +59,7 @@ from testbed.core.loop import ReplayOutcome, StepLoop
 from testbed.core.policy import BasePolicy
 from testbed.core.request import Request, RequestState, Status
 from testbed.core.router import ReplicaView, Router
-from testbed.sim.decode_runs import CHUNK, ClosedLoopRun, DeferredRun, DeliveryLog, deferrable, moved_timeout
+from testbed.sim.decode_runs import CHUNK, WindowedRun, DeferredRun, DeliveryLog, deferrable, moved_timeout
 from testbed.sim.sessions import ClosedLoopSessions
 
 _INF = float("inf")
@@ -110,8 +110,10 @@ class Simulation:
                     and not any(_has_arrival_hook(loop.policy) for loop in self.loops))
         self._per_replica = deferred and sessions is None and not async_scheduling
         # closed loop: a run whose old windows (cut at every other replica's step end) are replayed as it
-        # goes; async scheduling too (an arrival held back past the cut arrives after the next real plan)
-        self._closed_runs = deferred and sessions is not None
+        # goes; async scheduling too (an arrival held back past the cut arrives after the next real plan).
+        # Open loop under async scheduling takes the same path, its windows cut at every arrival: one plan
+        # and one completion per run instead of one per window (16 replicas at 16x: 3.3x fewer plans)
+        self._windowed_runs = deferred and (sessions is not None or async_scheduling)
         self._log = DeliveryLog()
         self._chain = 0  # the delivery whose timeout brought the arrivals being delivered
         self._runs: list[DeferredRun | None] = [None] * replicas
@@ -215,7 +217,7 @@ class Simulation:
                 continue
             next_arrival = self._next_arrival() if self.sessions is None else self._next_possible_arrival(i)
             # (not after an arrival held back: the plan was steady without it, the next one may not be)
-            if self._closed_runs and not held and self._defer_closed_run(i, batch, next_arrival):
+            if self._windowed_runs and not held and self._defer_windowed_run(i, batch, next_arrival):
                 run = self._runs[i]
                 while True:  # one timeout per old window, where the old planner's window ended
                     self._step_end[i] = end = run.ends[run.hi]
@@ -226,11 +228,11 @@ class Simulation:
                         run.extend(end)
                     if run.hi >= run.k - 1:
                         break
-                    run.plan_window(self._next_possible_arrival(i))
+                    run.plan_window(self._next_arrival() if self.sessions is None else self._next_possible_arrival(i))
                 self._runs[i] = None
                 self._in_step[i] = False
                 loop.complete(batch, env.now)
-                if self.sessions.children:
+                if self.sessions is not None and self.sessions.children:
                     self._release_turns(batch)
                 continue
             if self._fold:
@@ -310,7 +312,7 @@ class Simulation:
         return not self._releases and not any(loop.has_work for j, loop in enumerate(self.loops) if j != i)
 
     def _deliver(self, req: Request) -> None:
-        if self._closed_runs:
+        if self._windowed_runs:
             i = self._route(req)
             run = self._runs[i]
             if run is not None:  # the run ends with the old window in flight, as the old one did
@@ -365,10 +367,11 @@ class Simulation:
         self._run_end_at[i] = run.ends[-1]
         return True
 
-    def _defer_closed_run(self, i: int, batch, next_arrival: float) -> bool:
-        """Closed loop: start a decode run that other replicas' step ends no longer cut (one plan and
-        one completion), its old windows replayed as they are reached (`ClosedLoopRun`): the first one's
-        steps start before `next_arrival`, each next one's before `_next_possible_arrival` at its start.
+    def _defer_windowed_run(self, i: int, batch, next_arrival: float) -> bool:
+        """Closed loop, or async scheduling: start a decode run that other replicas' step ends or arrivals no
+        longer cut (one plan and one completion), its old windows replayed as they are reached
+        (`WindowedRun`): the first one's steps start before `next_arrival`, each next one's before the next
+        (closed loop: possible) arrival at its start.
         Only where the run as a whole is one (steady, its KV growth to its first finish fits) and
         deferrable; else the old window is planned as before."""
         loop = self.loops[i]
@@ -376,7 +379,7 @@ class Simulation:
         ok, more = self._sum_run(loop, batch, lookahead)
         if not ok:
             return False
-        self._runs[i] = ClosedLoopRun(loop, batch, self._log, next_arrival, more)
+        self._runs[i] = WindowedRun(loop, batch, self._log, next_arrival, more)
         return True
 
     def _sum_run(self, loop, batch, lookahead: float) -> tuple[bool, tuple | None]:
