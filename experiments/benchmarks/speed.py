@@ -149,7 +149,8 @@ def main() -> None:
             for i, (name, overrides) in enumerate(todo.items()):
                 for label, tree in builds:
                     got[label + name].append(m := run_case(overrides, f"{tmp}/{r}_{i}{label}", tree))
-                    print(f"  {label}{name}: wall {m['wall']:.2f} s, run {m['run']:.2f} s", file=sys.stderr, flush=True)
+                    print(f"  {label}{name}: wall {m['wall']:.2f} s, CPU {m['cpu']:.2f} s, run {m['run']:.2f} s", file=sys.stderr,
+                          flush=True)
                 if blis and name in peer:
                     peer[name].append(b := blis.run(name, f"{tmp}/{r}_{i}_blis"))
                     print(f"  {name}, BLIS: wall {b['wall']:.2f} s, CPU {b['cpu']:.2f} s", file=sys.stderr, flush=True)
