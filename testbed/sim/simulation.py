@@ -59,7 +59,7 @@ from testbed.core.loop import ReplayOutcome, StepLoop
 from testbed.core.policy import BasePolicy
 from testbed.core.request import Request, RequestState, Status
 from testbed.core.router import ReplicaView, Router
-from testbed.sim.decode_runs import CHUNK, WindowedRun, DeferredRun, DeliveryLog, deferrable, moved_timeout
+from testbed.sim.decode_runs import CHUNK, DeferredRun, DeliveryLog, WindowedRun, deferrable, moved_timeout
 from testbed.sim.sessions import ClosedLoopSessions
 
 _INF = float("inf")
@@ -235,22 +235,16 @@ class Simulation:
                 if self.sessions is not None and self.sessions.children:
                     self._release_turns(batch)
                 continue
-            if self._fold:
-                self._fold_held = 0
-                if loop.extend_decode_run(batch, step_time, next_arrival, self._horizon, one_past=self._one_past):
-                    self._step_end[i] = batch.ends[-1]
-                    yield env.timeout(batch.ends[-1] - env.now)
-                    if self._fold_held:  # as the folded step's plan at its start delivered them
-                        held, start = self._held[i], batch.ends[-2]
-                        for req in held[:self._fold_held]:
-                            loop.arrive(req, start)
-                        del held[:self._fold_held]
-                else:
-                    self._step_end[i] = env.now + step_time(batch.shape)
-                    yield env.timeout(self._step_end[i] - env.now)
-            elif self.fast_forward and loop.extend_decode_run(batch, step_time, next_arrival, self._horizon):
+            self._fold_held = 0
+            if self.fast_forward and loop.extend_decode_run(batch, step_time, next_arrival, self._horizon,
+                                                            one_past=self._one_past if self._fold else None):
                 self._step_end[i] = batch.ends[-1]
                 yield env.timeout(batch.ends[-1] - env.now)
+                if self._fold_held:  # as the folded step's plan at its start delivered them
+                    held, start = self._held[i], batch.ends[-2]
+                    for req in held[:self._fold_held]:
+                        loop.arrive(req, start)
+                    del held[:self._fold_held]
             else:
                 self._step_end[i] = env.now + step_time(batch.shape)
                 yield env.timeout(self._step_end[i] - env.now)
