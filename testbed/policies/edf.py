@@ -125,7 +125,9 @@ class EDFPolicy(BasePolicy):
             if v.status is _WAITING or v.status is _SWAPPED:
                 self.queue.push((self.rank(v, view), v.req.arrival, v.req.id), v)
         self._requeue = []
-        running = sorted((((self.rank(s, view), s.req.arrival, s.req.id), s) for s in view.running), key=_first)
+        rank = self.rank
+        running = [((rank(s, view), s.req.arrival, s.req.id), s) for s in view.running]  # every request every step
+        running.sort(key=_first)
         now = view.now
         plan, victims = fill_ranked(view, running, self.queue, preemptive=True, resuming=_has_tokens,
                                     may_evict=lambda s: self.rank(s, view) >= now)  # not late yet
@@ -161,6 +163,14 @@ class LeastSlackPolicy(EDFPolicy):
     def rank(self, s, view) -> float:
         # slack = deadline - now - work; `now` is common to every request of a step, so the
         # rank drops it, which also keeps a waiting request's key valid while it waits.
+        first = s.first_token_time
+        if first >= 0 and s.status is _RUNNING:  # a decode priced within REPRICE tokens: once per running
+            # request per step, so the path below's deadline(), `remaining` and dict pop are inlined or skipped
+            # (that path popped its first rank when it priced the decode, and a first token is never undone)
+            c = self._decode_work.get(s.req.id)
+            g = s.num_generated
+            if c is not None and g - c[0] < REPRICE and s.req.prompt_len + g - s.num_computed == 1:
+                return first + g * self.tpot - c[1]
         if s.first_token_time < 0:  # priced once, when it arrives: see the module docstring
             r = self._first_rank.get(s.req.id)
             if r is None:
