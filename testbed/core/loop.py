@@ -274,6 +274,7 @@ class StepLoop:
             self._acquire_prefixes(plan)
         admitted = 0
         cache_decode = kv.cache_decode
+        caching = kv.enable_prefix_caching  # without it `register` caches nothing: not called
         in_flight = self.in_flight
         # The batch's features are summed in this same walk over the items, with `add_work`'s
         # arithmetic inlined (`_work_of` once an item is applied: a waiting one's offset is its
@@ -307,7 +308,7 @@ class StepLoop:
                     kv.allocate(s, n)
                 except KVCapacityError as e:
                     raise PlanError(self.policy_name, "kv-capacity", f"request {s.req.id}: {e}") from None
-            if upto // bs > s.num_cached_blocks and (cache_decode or s.is_prefill):
+            if caching and upto // bs > s.num_cached_blocks and (cache_decode or s.is_prefill):
                 if cache_decode:
                     if in_flight is not None and s in in_flight:  # async: its last token is not back yet
                         kv.register(s, min(upto, s.req.prompt_len + s.num_generated - 1))

@@ -58,14 +58,19 @@ class OrcaPolicy(BasePolicy):
 
     def schedule(self, view) -> Plan:
         plan = Plan()
+        items = plan.items
         budget = view.token_budget
+        bs = view.block_size
         reserved = 0
-        for s in view.running:
-            n = min(s.remaining, budget)
+        for s in view.running:  # every running request every step: `remaining` and `max_blocks` inlined
+            req = s.req
+            n = req.prompt_len + s.num_generated - s.num_computed
+            if n > budget:
+                n = budget
             if n > 0:
-                plan.schedule(s, n)
+                items.append((s, n))  # plan.schedule(s, n)
                 budget -= n
-            reserved += max_blocks(view, s)
+            reserved += -(-(req.prompt_len + req.output_len) // bs)
         limit = min(self.knobs.max_batch_size or view.max_num_seqs, view.max_num_seqs)
         seqs = len(view.running)
         for s in view.waiting:
