@@ -236,7 +236,9 @@ class Simulation:
                     self._release_turns(batch)
                 continue
             self._fold_held = 0
-            if self.fast_forward and loop.extend_decode_run(batch, step_time, next_arrival, self._horizon,
+            # (nor after an arrival held back, for the same reason: a policy whose steadiness ignores its
+            # queue, such as orca's, would run on past the plan that admits it)
+            if self.fast_forward and not held and loop.extend_decode_run(batch, step_time, next_arrival, self._horizon,
                                                             one_past=self._one_past if self._fold else None):
                 self._step_end[i] = batch.ends[-1]
                 yield env.timeout(batch.ends[-1] - env.now)
