@@ -11,19 +11,24 @@ they enter with one access time, the node where the walk stops inside included (
 split off, L660-663 / L728-735, and keeps that stamp); a node made by an insert is stamped at
 its creation (`TreeNode.__init__`, L259).
 
-Here a tree node is a run of blocks, and everything but the run's links lives once per node: `cont[b]`
-is the next block of b's node (-1 where b ends its node: a leaf, a branch or a split point), kept for
-every tree block; at a node's last block `e`, `head[e]` is its first block, `kids[e]` how many nodes
-hang under it and `stamp[e]` its last access (a tick of a logical clock: one tick per lookup or insert,
-as the real clock orders them); at its first block `h`, `parent[h]` is the last block of the node above
-(-1 at the root). So a lookup or an insert re-stamps the nodes of its path, one store per node, not per
-token (SGLang's page size 1 makes every token a block), walking up from the path's last block by
-`head` and `parent`. Values at other positions are stale and never read (a stale heap entry whose
-block now sits inside a node is recognised by its `cont`). The heap holds (stamp, last block)
-entries pushed when a node becomes a free leaf or a free leaf is re-stamped; an entry is stale once its
-block's stamp, lock or children changed, and is skipped when popped (lazy deletion; the heap is
-compacted once it holds more than twice as many entries as the tree has blocks). A lookup costs
-O(nodes on its path), an insert O(blocks it adds), an eviction O(blocks it frees): never O(cache size).
+Here a tree node is a run of blocks, and everything about it lives once per node: `blocks_of[e]` lists
+its blocks, first to last, under its last block `e` (a leaf, a branch or a split point: the keys are
+exactly the nodes' ends); at `e`, `head[e]` is its first block, `kids[e]` how many nodes hang under it
+and `stamp[e]` its last access (a tick of a logical clock: one tick per lookup or insert, as the real
+clock orders them); at its first block `h`, `end[h]` is `e` and `parent[h]` the last block of the node
+above (-1 at the root). So a lookup or an insert re-stamps the nodes of its path, one store per node,
+not per token (SGLang's page size 1 makes every token a block), walking up from the path's last block
+by `head` and `parent`; a split finds the node it cuts by walking down the path a node at a step
+(`end`, and the node's length), and an eviction takes a node's blocks in one lookup. Nothing is
+stored per block of a node (an earlier form linked each block to the next: one store per block at an
+insert, and an eviction's walk of those links was one dependent read, a cache miss, per evicted block,
+26 M of them over the Azure conversation trace). Values at other positions are stale and never read
+(a stale heap entry whose block no longer ends a node is recognised by `blocks_of`). The heap holds
+(stamp, last block) entries pushed when a node becomes a free leaf or a free leaf is re-stamped; an
+entry is stale once its block's stamp, lock or children changed, and is skipped when popped (lazy
+deletion; the heap is compacted once it holds more than twice as many entries as the tree has
+blocks). A lookup or a split costs O(nodes on its path), an insert O(1) beyond the slice of blocks it
+adds, an eviction O(blocks it frees): never O(cache size).
 The per-block tree it replaces (one stamp, parent and child count per block) is kept as the reference
 model of the property tests (tests/radix_lru_ref.py), which hold the two to the same evictions.
 
@@ -46,11 +51,12 @@ class RadixLRU:
     def __init__(self, kv):
         n = kv.num_blocks
         self.kv = kv
-        self.cont = [-1] * n  # every tree block: the next block of its node, -1 at the node's end
         self.head = [-1] * n  # at a node's end: its first block
+        self.end = [-1] * n  # at a node's first block: its last block
         self.parent = [-1] * n  # at a node's first block: the end of the node above it, -1 at the root
         self.kids = [0] * n  # at a node's end: its child nodes
         self.stamp = [0] * n  # at a node's end: its last access
+        self.blocks_of: dict[int, list[int]] = {}  # node end -> the node's blocks, first to last
         self.clock = 0
         self.heap: list[tuple[int, int]] = []
         self.size = 0  # tree blocks
@@ -70,7 +76,7 @@ class RadixLRU:
 
     def is_leaf(self, b: int) -> bool:
         """Tree block b ends a node that has no child."""
-        return self.cont[b] < 0 and self.kids[b] == 0
+        return b in self.blocks_of and self.kids[b] == 0
 
     def _tick(self) -> int:
         self.clock += 1
@@ -88,28 +94,30 @@ class RadixLRU:
         self.heap = sorted(live)
 
     def _valid(self, t: int, b: int) -> bool:
-        return (self.stamp[b] == t and self.cont[b] < 0 and self.kids[b] == 0 and self.kv._ref[b] == 0
+        return (self.stamp[b] == t and b in self.blocks_of and self.kids[b] == 0 and self.kv._ref[b] == 0
                 and self.in_tree(b))
 
     # --- the tree's operations ----------------------------------------------------------
-    def _split(self, b: int, t: int) -> None:
-        """A walk stopped at block b: if b's node goes on, its tail becomes a node of its own
-        (`_split_node`, L677-700), stamped `t` (the walk entered that node) unless t < 0, when both
-        halves keep the node's stamp."""
-        cont = self.cont
-        c = cont[b]
-        if c < 0:
+    def _split(self, path: list[int], j: int, t: int) -> None:
+        """A walk along `path` (tree blocks from the root) stopped at path[j]: if that block's node goes
+        on, its tail becomes a node of its own (`_split_node`, L677-700), stamped `t` (the walk entered
+        that node) unless t < 0, when both halves keep the node's stamp."""
+        b = path[j]
+        blocks_of = self.blocks_of
+        if b in blocks_of:  # it ends its node
             return
-        cont[b] = -1
-        e = c  # the tail's end, which ends the node now split
-        while True:
-            x = cont[e]
-            if x < 0:
-                break
-            e = x
-        head, stamp = self.head, self.stamp
-        head[b] = head[e]
+        e, start = self._node_at(path, j)
+        node = blocks_of[e]
+        cut = j - start + 1
+        c = node[cut]
+        blocks_of[b] = node[:cut]
+        blocks_of[e] = node[cut:]
+        head, end, stamp = self.head, self.end, self.stamp
+        h = head[e]
+        head[b] = h
+        end[h] = b
         head[e] = c
+        end[c] = e
         self.parent[c] = b
         self.kids[b] = 1
         if t < 0:
@@ -118,6 +126,18 @@ class RadixLRU:
         stamp[b] = t
         stamp[e] = t
         self._push_if_leaf(e)
+
+    def _node_at(self, path: list[int], j: int) -> tuple[int, int]:
+        """(the last block of the node holding path[j], where that node starts in path): the path's
+        nodes from the root, one step per node."""
+        blocks_of, end = self.blocks_of, self.end
+        start = 0
+        while True:
+            e = end[path[start]]
+            n = len(blocks_of[e])
+            if start + n > j:
+                return e, start
+            start += n
 
     def _stamp_path(self, e: int, t: int) -> None:
         """Stamp `t` on the node ending at tree block e and every node above it."""
@@ -133,7 +153,7 @@ class RadixLRU:
             return
         t = self._tick()
         last = path[-1]
-        self._split(last, t)
+        self._split(path, len(path) - 1, t)
         self._stamp_path(last, t)
         self._push_if_leaf(last)
 
@@ -141,7 +161,7 @@ class RadixLRU:
         """A request locks the tree's first n blocks of its path: a node boundary after them (the
         lookup that found them split there)."""
         if n:
-            self._split(blocks[n - 1], -1)
+            self._split(blocks, n - 1, -1)
 
     def checkpoint(self, blocks: list[int], m: int, full: int, prompt: int) -> None:
         """The request's blocks[:full] are tree blocks, [m, full) just added: SGLang's
@@ -151,18 +171,15 @@ class RadixLRU:
         t1 = self._tick()
         t3 = t1 + 1  # the lookup after the insert (below)
         if m:
-            self._split(blocks[m - 1], t1)  # the node it left the tree inside keeps this insert's stamp
+            self._split(blocks, m - 1, t1)  # the node it left the tree inside keeps this insert's stamp
         if m < full:
-            # one node: its blocks linked, its facts stored once (the lookup's stamp already: nothing
+            # one node: its blocks listed, its facts stored once (the lookup's stamp already: nothing
             # between reads it)
-            cont = self.cont
             seg = blocks[m:full]
-            prev = seg[0]
-            for b in seg[1:]:  # one store per block of every prompt and answer
-                cont[prev] = b
-                prev = b
-            cont[prev] = -1
+            prev = seg[-1]
+            self.blocks_of[prev] = seg
             self.head[prev] = seg[0]
+            self.end[seg[0]] = prev
             self.kids[prev] = 0
             self.stamp[prev] = t3
             if m:
@@ -173,12 +190,12 @@ class RadixLRU:
                 self.parent[seg[0]] = -1
             self.size += full - m
         if 0 < prompt < full:
-            self._split(blocks[prompt - 1], -1)
+            self._split(blocks, prompt - 1, -1)
         self.clock = t3
         if m:
             self._stamp_path(blocks[m - 1], t3)
             if m == full:
-                self._split(blocks[full - 1], t3)
+                self._split(blocks, full - 1, t3)
 
     def added(self, blocks: list[int], start: int, end: int) -> None:
         """blocks[start:end] (held) joined the tree under blocks[start - 1] as one new node, stamped
@@ -240,34 +257,25 @@ class RadixLRU:
         returns the evicted blocks, in eviction order (each node from its last block to its first;
         still in the free queue, where they were)."""
         kv = self.kv
-        heap, parent, cont, kids, stamp, head = self.heap, self.parent, self.cont, self.kids, self.stamp, self.head
-        ref, own_rid, key_of = kv._ref, kv._own_rid, kv._key_of
+        heap, parent, kids, stamp, head = self.heap, self.parent, self.kids, self.stamp, self.head
+        ref, own_rid, key_of, blocks_of = kv._ref, kv._own_rid, kv._key_of, self.blocks_of
         out: list[int] = []
         evicted = 0
         while evicted < num_blocks and heap:
             t, b = heapq.heappop(heap)
-            if stamp[b] != t or cont[b] >= 0 or kids[b] or ref[b] or not (own_rid[b] >= 0 or b in key_of):
+            if stamp[b] != t or b not in blocks_of or kids[b] or ref[b] or not (own_rid[b] >= 0 or b in key_of):
                 continue  # stale
             h = head[b]
-            x = h
-            node = [x]  # the node, first block to last
+            node = blocks_of.pop(b)[::-1]  # the node, last block first
             if key_of:
-                while x != b:
-                    x = cont[x]
-                    node.append(x)
-                node.reverse()
-                for x in node:  # last block first (a host tier keeps dropped keys in this order)
+                for x in node:  # (a host tier keeps dropped keys in this order)
                     if own_rid[x] >= 0:
                         own_rid[x] = -1
                     else:
                         kv._drop_key(x)
             else:  # no shared content cached: every tree block is a request's own
-                own_rid[x] = -1
-                while x != b:
-                    x = cont[x]
+                for x in node:
                     own_rid[x] = -1
-                    node.append(x)
-                node.reverse()
             out += node
             evicted += len(node)
             p = parent[h]
@@ -293,23 +301,21 @@ class RadixLRU:
                 seen_cached = True
             else:
                 assert not seen_cached, f"uncached free block {b} behind a cached one"
-        cont, head, parent = self.cont, self.head, self.parent
+        head, parent = self.head, self.parent
         covered = [False] * n
         kids = [0] * n
-        ends = [b for b in range(n) if tree[b] and cont[b] < 0]
-        for e in ends:  # each node: its run from head to end, one holder count, under a tree node's end
-            x = head[e]
-            while True:
-                assert tree[x] and not covered[x], f"node ending at {e} runs through block {x} twice or off the tree"
+        ends = list(self.blocks_of)
+        for e in ends:  # each node: its blocks from head to end, one holder count, under a tree node's end
+            node = self.blocks_of[e]
+            h = node[0]
+            assert node[-1] == e and head[e] == h and self.end[h] == e, f"node ending at {e}: head and end disagree"
+            for x in node:
+                assert tree[x] and not covered[x], f"node ending at {e} holds block {x} twice or off the tree"
                 covered[x] = True
                 assert kv._ref[x] == kv._ref[e], f"blocks {x} and {e} of one node differ in holders"
-                if x == e:
-                    break
-                x = cont[x]
-                assert x >= 0, f"node ending at {e} breaks off before it"
-            p = parent[head[e]]
+            p = parent[h]
             if p >= 0:
-                assert tree[p] and cont[p] < 0, f"node ending at {e} hangs under block {p}, not a node's end"
+                assert tree[p] and p in self.blocks_of, f"node ending at {e} hangs under block {p}, not a node's end"
                 kids[p] += 1
                 assert kv._ref[p] >= kv._ref[e], f"block {e} held by more requests than its parent {p}"
         assert all(covered[b] == tree[b] for b in range(n)), "a tree block belongs to no node"
