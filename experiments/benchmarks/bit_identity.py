@@ -8,8 +8,11 @@ Runs each of `testbed.app.analysis.fingerprint.identity_configs` (every policy a
 16x, Mooncake with prefix ids, sessions, disaggregation, ...) and hashes its summary, per-request and
 per-step tables (`testbed.app.analysis.fingerprint`). `--record` writes the hashes; `--check` recomputes them
 and exits 1 naming every configuration and table that differs. The committed
-`bit_identity.json` was recorded before the issue-15 speed work (commit cfdf3f3, with only the ITL
-mean and std summed over the sorted gaps, the one result decision of that work: testbed/app/analysis/metrics.py).
+`bit_identity.json` was re-recorded on 2026-11-28 (at 6bbd355): against the record before it (cfdf3f3's
+hashes, kernels_70b_tp4 re-recorded at 8dfc14e) every request and step table was the same but
+mooncake_sglang's, which issue 24's SGLang radix eviction (8053899, matching SGLang's scheduler step by
+step) moved on purpose (bisected at 3,000 requests: 8dfc14e differs, 3866720 and 9108ebc agree), and 40
+summaries moved with the SLO check's rule (a2f94a9: requests longer than the context left out).
 """
 from __future__ import annotations
 
