@@ -12,7 +12,8 @@ and exits 1 naming every configuration and table that differs. The committed
 hashes, kernels_70b_tp4 re-recorded at 8dfc14e) every request and step table was the same but
 mooncake_sglang's, which issue 24's SGLang radix eviction (8053899, matching SGLang's scheduler step by
 step) moved on purpose (bisected at 3,000 requests: 8dfc14e differs, 3866720 and 9108ebc agree), and 40
-summaries moved with the SLO check's rule (a2f94a9: requests longer than the context left out).
+summaries moved with the SLO check's rule (a2f94a9: requests longer than the context left out; on edf_1x,
+run at both commits, `slo_checks` and `slo_pass` are the only keys that differ).
 """
 from __future__ import annotations
 
