@@ -10,9 +10,9 @@ from testbed.policies import make_policy
 from testbed.sim.simulation import Simulation
 
 
-def table(reqs, async_scheduling, horizon=None, fast_forward=True):
-    cost = FixedCost(0.01)
-    sim = Simulation(reqs, lambda: make_loop(make_policy("vllm"), cost=cost), cost, horizon_s=horizon,
+def table(reqs, async_scheduling=True, horizon=None, fast_forward=True, policy="vllm", per_token=0.0, **loop_kw):
+    cost = FixedCost(0.01, per_token)
+    sim = Simulation(reqs, lambda: make_loop(make_policy(policy), cost=cost, **loop_kw), cost, horizon_s=horizon,
                      fast_forward=fast_forward, async_scheduling=async_scheduling)
     out = sim.run()
     return request_table([(0, s) for s in out.loops[0].states], out.not_arrived)
@@ -41,14 +41,6 @@ def test_requests_held_back_at_the_horizon_are_accounted_for():
     assert np.isnan(t.ttft_ms[1:]).all()
 
 
-def policy_table(policy, reqs, fast_forward, per_token=1e-4, **loop_kw):
-    cost = FixedCost(0.01, per_token)
-    sim = Simulation(reqs, lambda: make_loop(make_policy(policy), cost=cost, **loop_kw), cost,
-                     fast_forward=fast_forward, async_scheduling=True)
-    out = sim.run()
-    return request_table([(0, s) for s in out.loops[0].states], out.not_arrived)
-
-
 def test_orca_admits_an_arrival_held_back_at_the_plan_after_it():
     # r0 decodes from t=0 in 10 ms steps (long after); r1 arrives at 15 ms, during the step 10-20 ms, held
     # back past the plan of the step 20-30 ms. Orca's steady batch ignores its queue (nothing changes its
@@ -56,7 +48,7 @@ def test_orca_admits_an_arrival_held_back_at_the_plan_after_it():
     # 30 ms admits r1 (first token at 40 ms, TTFT 25), not the one after r0's last token.
     reqs = make_requests([(0, 8, 40), (0.015, 4, 3)])
     for ff in (True, False):
-        t = policy_table("orca", reqs, ff, per_token=0.0, num_blocks=256, block_size=1, prefix=False)
+        t = table(reqs, fast_forward=ff, policy="orca", num_blocks=256, block_size=1, prefix=False)
         assert t.ttft_ms[1] == pytest.approx(25), f"fast_forward={ff}: TTFT {t.ttft_ms[1]}"
 
 
@@ -71,7 +63,7 @@ def test_fast_forward_changes_no_result_under_async_scheduling(policy):
     kw = dict(num_blocks=512, block_size=4, budget=128, max_seqs=16)
     if policy == "sglang":
         kw.update(block_size=1, num_blocks=2048, cache_decode_tokens="finished")
-    runs, steps = policy_table(policy, reqs, True, **kw), policy_table(policy, reqs, False, **kw)
+    runs, steps = (table(reqs, fast_forward=ff, policy=policy, per_token=1e-4, **kw) for ff in (True, False))
     assert runs.outcome.tolist() == steps.outcome.tolist()
     for col in ("ttft_ms", "e2el_ms"):
         np.testing.assert_array_equal(runs[col].to_numpy(), steps[col].to_numpy(), err_msg=f"{policy}: {col}")

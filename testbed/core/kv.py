@@ -103,12 +103,11 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.num_host_blocks = num_host_blocks
-        self._ref = [0] * num_blocks
         # Holder counts are read only where a block can be shared or cached (a hit, an eviction, the radix
         # tree): without prefix caching no block is ever either, a block is held by one request or free, and
         # `_ref` is left unwritten. Orca's preset (1-token slots, no cache) then takes and frees its blocks
         # in list slices alone, not one store per token (issue 27).
-        self._counts_holders = enable_prefix_caching
+        self._ref = [0] * num_blocks
         # The free queue (every block no request holds, the next allocated first) in two parts: `_front`,
         # the blocks queued at its front, which cache nothing, as a stack (the queue's head is its last
         # item), then `_queue`, the rest, cached or not, LRU first. The front is where the common
@@ -171,7 +170,7 @@ class BlockManager:
 
     def num_exclusive_blocks(self, state: RequestState) -> int:
         """Blocks that would join the free queue if this request released its KV."""
-        if not state.req.prefix_hashes or not self._counts_holders:  # nobody else can hold its blocks
+        if not state.req.prefix_hashes or not self.enable_prefix_caching:  # nobody else can hold its blocks
             return len(state.blocks)
         ref = self._ref
         return sum(1 for b in state.blocks if ref[b] == 1)
@@ -455,7 +454,7 @@ class BlockManager:
             run = front[:]
             front.clear()
         run.reverse()
-        if self._counts_holders:
+        if self.enable_prefix_caching:
             ref = self._ref
             for b in run:  # a loop stores into a list faster than map(ref.__setitem__, ...) does
                 ref[b] = 1
@@ -494,7 +493,7 @@ class BlockManager:
         front = self._front
         if need == 1 and front:  # a decode step's one block (page size 1: every step), without the calls
             b = front.pop()  # the queue's head in either mode: it caches nothing, so it evicts nothing
-            if self._counts_holders:
+            if self.enable_prefix_caching:
                 self._ref[b] = 1
             state.blocks.append(b)
             return
@@ -519,8 +518,8 @@ class BlockManager:
         # 0 or 1 block here, so the calls would cost more than the work); blocks inside a shared
         # prefix, and a subclass's own register, take the calls
         pop, ref, own_rid, key_of = self._queue.popitem, self._ref, self._own_rid, self._key_of
-        tag = self.cache_decode and self.enable_prefix_caching
-        tracked = self._counts_holders
+        caching = self.enable_prefix_caching  # holder counts kept (see __init__)
+        tag = self.cache_decode and caching
         inline_register = type(self).register is BlockManager.register
         front = self._front
         for s, need in zip(states, needs):
@@ -528,7 +527,7 @@ class BlockManager:
             if need > 0 and front:
                 if need == 1:  # the usual decode step's block, without a call
                     b = front.pop()
-                    if tracked:
+                    if caching:
                         ref[b] = 1
                     blocks.append(b)
                     need = 0
@@ -565,7 +564,7 @@ class BlockManager:
             self._free_into_tree(state, finished)
             return
         blocks = state.blocks
-        if not self._counts_holders:  # nothing cached or shared: every block to the front, as below
+        if not self.enable_prefix_caching:  # nothing cached or shared: every block to the front, as below
             self._front += blocks  # the last block first in line
             if finished:
                 state._past_blocks = []
@@ -717,7 +716,7 @@ class BlockManager:
         for b in range(self.num_blocks):
             where = (b in free) + (owners[b] > 0)
             assert where == 1, f"block {b}: queued={b in free} owners={owners[b]}"
-            if not self._counts_holders:  # `_ref` unwritten: one holder at most, nothing cached
+            if not self.enable_prefix_caching:  # `_ref` unwritten: one holder at most, nothing cached
                 assert owners[b] <= 1, f"block {b} is shared by {owners[b]} requests without prefix caching"
                 continue
             assert self._ref[b] == owners[b], f"block {b}: ref count {self._ref[b]} but {owners[b]} owners"

@@ -171,7 +171,7 @@ class LeastSlackPolicy(EDFPolicy):
             g = s.num_generated
             if c is not None and g - c[0] < REPRICE and s.req.prompt_len + g - s.num_computed == 1:
                 return first + g * self.tpot - c[1]
-        if s.first_token_time < 0:  # priced once, when it arrives: see the module docstring
+        if first < 0:  # priced once, when it arrives: see the module docstring
             r = self._first_rank.get(s.req.id)
             if r is None:
                 r = self._first_rank[s.req.id] = self.deadline(s) - self.work(s, view)
