@@ -113,8 +113,6 @@ class SarathiPolicy(BasePolicy):
     def on_finish(self, state, view) -> None:
         self._prefill_end.pop(state.req.id, None)
 
-    queue_ends_steady = True  # is_steady is False while a request waits (testbed/sim/simulation.py `_fold`)
-
     def is_steady(self, view) -> bool:
         # The loop may repeat this all-decode step until the first finish; Sarathi would
         # preempt in any of those steps that starts a decode with no block free (BM:94-96),

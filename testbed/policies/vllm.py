@@ -70,12 +70,16 @@ class VLLMPolicy(BasePolicy):
     Knobs = VLLMKnobs
     models_async_scheduling = True  # the step loop applies vLLM's async-scheduling rule 4 under async scheduling
 
-    queue_ends_steady = True  # is_steady is False while a request waits (testbed/sim/simulation.py `_fold`)
-
     def is_steady(self, view) -> bool:
-        """With every running request decoding and nobody waiting, the plan repeats until
-        an arrival or a finish (the loop checks KV growth)."""
-        return not view.waiting
+        """With every running request decoding and nothing admitted or preempted (the loop checks both, and
+        KV growth, so nothing is preempted later), the plan repeats until an arrival or a finish while nobody
+        waits, and also while the running requests fill every seat: admission stops at the sequence cap
+        (rule 3, L923) before it looks at the queue, and only a finish or a preemption frees a seat. The
+        overloaded stages of a calibration run spend most of their steps there (a full batch and a queue).
+        Not while the head is shut out by the KV alone: under async scheduling a prompt block completed by
+        the step before is cached only after the next schedule (rule 4), so the head's prefix hit may grow
+        inside a run."""
+        return not view.waiting or len(view.running) >= view.max_num_seqs
 
     def running_order(self, view) -> list:
         return view.running

@@ -18,8 +18,8 @@ after that schedule (`StepLoop.in_flight`). `policy=vllm_native` takes every one
 AsyncScheduler instead (testbed/vllm_backend/native_sim.py).
 
 Under async scheduling the step after a decode run stopped by an arrival is planned with that arrival
-still held back: the same plan again. With one replica (open loop, fast_forward, a policy whose steady runs
-end at a waiting request and that has no arrival hook) that step is folded into the run, its KV calls made
+still held back: the same plan again. With one replica (open loop, fast_forward, a policy with no arrival
+hook) that step is folded into the run, its KV calls made
 in the order its plan makes them and the held arrivals delivered as at its start; the results are
 bit-identical to planning it (`fold_held_arrivals=False`, tests/test_held_arrival_runs.py).
 
@@ -123,12 +123,12 @@ class Simulation:
             for i, view in enumerate(self.views):
                 view.settle = partial(self._settle, i)
         # async scheduling, one replica, open loop: a run stopped by an arrival takes the step after it too,
-        # planned without the arrival held back (`_one_past`); not for a policy that sees arrivals or steps, and
-        # only for one whose is_steady ends at a waiting request (the step's plan is then a plain step: it sees
-        # the arrival only after it, and no run follows it). `fold_held_arrivals=False`: that step planned on its
-        # own, the reference the tests compare with
+        # planned without the arrival held back (`_one_past`); not for a policy that sees arrivals or steps. Planned
+        # on its own that step is a plain step whatever the policy's steadiness (no run starts from a plan an
+        # arrival was held back from: `_server`), so folding it changes nothing. `fold_held_arrivals=False`:
+        # that step planned on its own, the reference the tests compare with
         self._fold = (fold_held_arrivals and async_scheduling and fast_forward and replicas == 1 and sessions is None
-                      and not _has_arrival_hook(self.loops[0].policy) and _queue_ends_steady(self.loops[0].policy))
+                      and not _has_arrival_hook(self.loops[0].policy))
         self._fold_held = 0  # the held arrivals the folded step's plan would have delivered after it
 
     def run(self, stop: Callable[[], bool] | None = None) -> ReplayOutcome:
@@ -512,12 +512,3 @@ def _has_arrival_hook(policy) -> bool:
     depends on where it starts): no deferred runs for such a policy."""
     hook = getattr(type(policy), "on_arrival", None)
     return (hook is not None and hook is not BasePolicy.on_arrival) or hasattr(policy, "steady_steps")
-
-
-def _queue_ends_steady(policy) -> bool:
-    """The policy says (`queue_ends_steady`, beside the `is_steady` it runs) that a waiting request ends
-    every steady run."""
-    for klass in type(policy).__mro__:
-        if "is_steady" in vars(klass):
-            return bool(vars(klass).get("queue_ends_steady", False))
-    return False
