@@ -238,7 +238,9 @@ class WindowedRun(DeferredRun):
         `next_arrival` (`_plan`; the caller has summed the run past the window in flight)."""
         first = self.hi + 1
         if self.ends[first] >= next_arrival:  # one step (most windows): `_plan`'s outcome, without its search
-            self._take(first)
+            heap = self._heap
+            if heap and heap[0][0] <= first:  # `_take`'s own test, before the call: most windows take nothing
+                self._take(first)
             self.hi = first
         else:
             self._plan(first, next_arrival, 0)

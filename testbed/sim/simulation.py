@@ -219,16 +219,21 @@ class Simulation:
             # (not after an arrival held back: the plan was steady without it, the next one may not be)
             if self._windowed_runs and not held and self._defer_windowed_run(i, batch, next_arrival):
                 run = self._runs[i]
-                while True:  # one timeout per old window, where the old planner's window ended
-                    self._step_end[i] = end = run.ends[run.hi]
-                    yield env.timeout(end - env.now)
-                    if self._stop():  # the old loop stopped after this window
+                step_end, timeout, stop = self._step_end, env.timeout, self._stop
+                next_arrival_for = self._next_arrival if self.sessions is None else partial(self._next_possible_arrival, i)
+                while True:  # one timeout per old window, where the old planner's window ended (the hottest loop
+                    # of a closed-loop run: one pass per step of every replica)
+                    step_end[i] = end = run.ends[run.hi]
+                    yield timeout(end - env.now)
+                    if stop():  # the old loop stopped after this window
                         run.cut()
-                    if run.hi >= run.k - 1 and not run.complete:  # the steps summed so far are done: sum more
-                        run.extend(end)
                     if run.hi >= run.k - 1:
-                        break
-                    run.plan_window(self._next_arrival() if self.sessions is None else self._next_possible_arrival(i))
+                        if run.complete:
+                            break
+                        run.extend(end)  # the steps summed so far are done: sum more
+                        if run.hi >= run.k - 1:
+                            break
+                    run.plan_window(next_arrival_for())
                 self._runs[i] = None
                 self._in_step[i] = False
                 loop.complete(batch, env.now)
@@ -288,7 +293,9 @@ class Simulation:
         """Closed loop: the earliest time a request may reach replica i. Besides the known arrivals,
         a turn is released no earlier than its parent's finish, which on another replica happens at
         the end of its step in flight, or (one with work about to plan) from now on."""
-        t = self._next_arrival()
+        t = self.requests[self._delivered].arrival if self._delivered < len(self.requests) else _INF
+        if self._releases and self._releases[0] < t:  # `_next_arrival`, inlined: this runs at every window
+            t = self._releases[0]
         if self.sessions.children:
             in_step, step_end = self._in_step, self._step_end
             for j, loop in enumerate(self.loops):
@@ -296,7 +303,7 @@ class Simulation:
                     if in_step[j]:
                         if step_end[j] < t:
                             t = step_end[j]
-                    elif loop.has_work:
+                    elif loop.live:  # has_work
                         return self.env.now
         return t
 
