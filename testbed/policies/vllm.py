@@ -73,13 +73,34 @@ class VLLMPolicy(BasePolicy):
     def is_steady(self, view) -> bool:
         """With every running request decoding and nothing admitted or preempted (the loop checks both, and
         KV growth, so nothing is preempted later), the plan repeats until an arrival or a finish while nobody
-        waits, and also while the running requests fill every seat: admission stops at the sequence cap
-        (rule 3, L923) before it looks at the queue, and only a finish or a preemption frees a seat. The
-        overloaded stages of a calibration run spend most of their steps there (a full batch and a queue).
-        Not while the head is shut out by the KV alone: under async scheduling a prompt block completed by
-        the step before is cached only after the next schedule (rule 4), so the head's prefix hit may grow
-        inside a run."""
-        return not view.waiting or len(view.running) >= view.max_num_seqs
+        waits, and also while the queue's head stays shut out. By the sequence cap (rule 3, L923: admission
+        stops there before it looks at the queue; the decodes keep their seats) it stays so. By the KV, it
+        does under `reserve_full_isl`: the head needs blocks for its whole sequence less those of its prefix
+        hit that running requests hold, and a decode run only takes free blocks (evicting cached ones, which
+        can only shorten a hit), unless a running request caches a block the head may share during the run:
+        a keyed block computed and not cached yet (under async scheduling a block completed by the step
+        before is cached after the next schedule, rule 4) or a decoded block with shared keys (a session's
+        parent turn, `hashes_span_output`). Without `reserve_full_isl` the head needs only its chunk's
+        blocks beyond its hit, which an eviction can lower. The overloaded stages of a calibration run spend
+        most of their steps with a full batch and a queue."""
+        running = view.running
+        if not view.waiting or len(running) >= view.max_num_seqs:
+            return True
+        if not self.knobs.reserve_full_isl:
+            return False
+        # shut out now, the step's blocks taken (and those of the requests the step before finished, freed after
+        # the schedule, given back): the whole sequence's blocks less the hit others hold, as `admit` gates it
+        head = next(iter(self.waiting_order(view)))
+        if view.blocks_needed(head, view.num_new_tokens(head)) <= view.free_blocks:
+            return False
+        bs, keys = view.block_size, view.block_keys
+        for s in running:
+            if s.req.hashes_span_output:
+                return False
+            cached = s.num_cached_blocks
+            if s.num_computed // bs > cached and len(keys(s)) > cached:
+                return False
+        return True
 
     def running_order(self, view) -> list:
         return view.running
