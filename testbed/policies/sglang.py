@@ -289,9 +289,10 @@ class SGLangPolicy(BasePolicy):
         if len(q) != len(waiting) or any(s.req.id not in q for s in waiting):
             ids = {s.req.id for s in waiting}
             self._queue = q = {i: s for i, s in q.items() if i in ids}
-            for s in waiting:
-                if s.id not in q:
-                    q[s.id] = s
+            for s in waiting:  # (s.req.id, not the `id` property: once per waiting request)
+                rid = s.req.id
+                if rid not in q:
+                    q[rid] = s
 
     def _max_new(self, s) -> int:
         """The request's max_new_tokens, clipped as SGLang clips it on arrival so that admission
@@ -381,7 +382,9 @@ class SGLangPolicy(BasePolicy):
         decoding = [s for s in running if s is not chunked] if chunked is not None else list(running)
         if self._batch_pos:  # SGLang's running-batch order: kept across steps, new ones appended
             pos, inf = self._batch_pos, float("inf")
-            decoding.sort(key=lambda s: pos.get(s.req.id, inf))
+            keys = [pos.get(s.req.id, inf) for s in decoding]
+            if keys != sorted(keys):  # (mostly in order already: the running order unless a retraction sorted it)
+                decoding = [decoding[i] for i in sorted(range(len(keys)), key=keys.__getitem__)]  # stable, as sort
         if self._full is not None and (not decoding or not self._full <= {s.req.id for s in running}):
             self._full = None  # a request left the batch
         plan = self._prefill(view, decoding, chunked)
@@ -407,8 +410,10 @@ class SGLangPolicy(BasePolicy):
         page = lambda n: -(-n // bs) * bs  # noqa: E731 (ceil_paged_tokens)
         ratio = 1.0 if k.ignore_eos else self.ratio
         clip, max_new_of = k.clip_max_new_tokens, self._max_new
+        known = self._max_new_of  # `_max_new`'s cached value read inline: once per running request per step
         rem_total = view.free_blocks * bs - sum(
-            [min(max_new_of(s) - s.num_generated, clip) * ratio for s in decoding])
+            [min((known[s.req.id] if s.req.id in known else max_new_of(s)) - s.num_generated, clip) * ratio
+             for s in decoding])
         rem_input = k.max_prefill_tokens  # PrefillAdder(rem_input_tokens=max_prefill_tokens), S L4157-4164
         rem_chunk = k.chunked_prefill_size or None  # rem_chunk_tokens = chunked_prefill_size (P L639), not capped by rem_input
         cap = view.token_budget  # the engine's own limit on a step's tokens (not SGLang's: keep it above)
@@ -507,7 +512,7 @@ class SGLangPolicy(BasePolicy):
         refusal with requests already decoding holds admission."""
         if not any(not s.is_prefill and s.id != self._chunked_id for s in view.running):
             return
-        self._full = {s.id for s in view.running} | {s.id for s, _ in plan.items}
+        self._full = {s.req.id for s in view.running} | {s.req.id for s, _ in plan.items}
 
     def _decode(self, view, plan: Plan, decoding) -> Plan:
         free = view.free_blocks
