@@ -278,7 +278,7 @@ class BlockManager:
             return 0
         ref, queue, keys, cached = self._ref, self._queue, self.prefix_keys(state), self._cached
         queued = self._radix is None  # SGLang's mode drops a revived block from its release lazily
-        revived = 0
+        revived = []
         nk = len(keys)
         own = self._own_hits(state, nk, hit) if hit > nk else []
         for i in range(hit):
@@ -287,7 +287,8 @@ class BlockManager:
             if ref[b] == 0:
                 if queued:
                     del queue[b]
-                revived += 1
+                else:
+                    revived.append(b)
             ref[b] += 1
             state.blocks.append(b)
         if self._radix is not None:
@@ -412,7 +413,7 @@ class BlockManager:
         b = blocks[i]
         if ref[other] == 0:
             if self._radix is not None:
-                self._radix.revived(1)
+                self._radix.revived([other])
             else:
                 del queue[other]
         ref[other] += 1
