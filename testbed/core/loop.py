@@ -276,7 +276,7 @@ class StepLoop:
         cache_decode = kv.cache_decode
         caching = kv.enable_prefix_caching  # without it `register` caches nothing: not called
         in_flight = self.in_flight
-        front, ref = kv._front, kv._ref  # `allocate`'s one-block case, inlined below
+        front, ref, block_refs = kv._front, kv._ref, kv._block_refs  # `allocate`'s one-block case, inlined below
         plain_allocate = type(kv).allocate is BlockManager.allocate
         # The batch's features are summed in this same walk over the items, with `add_work`'s
         # arithmetic inlined (`_work_of` once an item is applied: a waiting one's offset is its
@@ -311,7 +311,7 @@ class StepLoop:
                     # a decode's one block off the queue's head (page size 1: every decode, every step):
                     # `allocate`'s own fast case, without the call
                     b = front.pop()
-                    if caching:
+                    if block_refs:
                         ref[b] = 1
                     blocks.append(b)
                 else:
