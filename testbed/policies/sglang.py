@@ -105,6 +105,7 @@ here the step decodes).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
@@ -115,6 +116,7 @@ PREFIX_MATCH_QUEUE_MAX = 128  # WAITING_QUEUE_PREFIX_MATCH_MAX, P L136: lpm turn
 WAITING_PREFIX_REFRESH_INTERVAL = 32  # P L139: a cache-agnostic order re-stamps the queue's prefixes every 32 calls
 IN_BATCH_CHECK_THRESHOLD = 32  # IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD, P L115-118
 IN_BATCH_DEPRIORITIZE_THRESHOLD = 32  # IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD, P L122-126
+_RID = attrgetter("req.id")  # a request state's id, read in C (the queue's checks run once per waiting request per step)
 
 
 @dataclass
@@ -257,6 +259,7 @@ class SGLangPolicy(BasePolicy):
         self._queue: dict = {}  # SGLang's waiting queue, in its order: request id -> state
         self._full: set | None = None  # batch_is_full: the ids whose leaving clears it, or None
         self._batch_pos: dict = {}  # request id -> its place in SGLang's running batch
+        self._batch: list = []  # that batch, in that order (a step that decodes the same batch reuses both)
         self._created: dict = {}  # radix child order: prefix-chain key -> rank of first insertion
         # SGLang's chunked_req (S L4176-4184): the request whose prompt a chunk cut, until its last
         # chunk. A retracted request recomputing its outputs can be cut one token short of the end,
@@ -286,11 +289,10 @@ class SGLangPolicy(BasePolicy):
         """Drop admitted requests; append new arrivals (retracted ones were appended when retracted)."""
         waiting = view.waiting
         q = self._queue
-        if len(q) != len(waiting) or any(s.req.id not in q for s in waiting):
-            ids = {s.req.id for s in waiting}
+        if len(q) != len(waiting) or not all(map(q.__contains__, map(_RID, waiting))):
+            ids = set(map(_RID, waiting))
             self._queue = q = {i: s for i, s in q.items() if i in ids}
-            for s in waiting:  # (s.req.id, not the `id` property: once per waiting request)
-                rid = s.req.id
+            for rid, s in zip(map(_RID, waiting), waiting):
                 if rid not in q:
                     q[rid] = s
 
@@ -380,7 +382,8 @@ class SGLangPolicy(BasePolicy):
                 chunked = s
                 break
         decoding = [s for s in running if s is not chunked] if chunked is not None else list(running)
-        if self._batch_pos:  # SGLang's running-batch order: kept across steps, new ones appended
+        if self._batch_pos and decoding != self._batch:  # SGLang's running-batch order: kept across steps, new
+            # ones appended (the same requests in the same order, compared by identity in C, are in it already)
             pos, inf = self._batch_pos, float("inf")
             keys = [pos.get(s.req.id, inf) for s in decoding]
             if keys != sorted(keys):  # (mostly in order already: the running order unless a retraction sorted it)
@@ -549,6 +552,8 @@ class SGLangPolicy(BasePolicy):
             self.ratio = min(1.0, (generated + self.knobs.retract_decode_steps * len(keep)) / (max_new + 1))
             self._decode_mark = None  # no decay on a retracting step
             self._full = None  # the batch shrank
-        self._batch_pos = {s.req.id: i for i, s in enumerate(decoding)}
+        if decoding != self._batch:  # (RequestState compares by identity)
+            self._batch_pos = {s.req.id: i for i, s in enumerate(decoding)}
+            self._batch = decoding
         plan.items += [(s, 1) for s in decoding[:view.token_budget]]  # plan.schedule(s, 1) each
         return plan
