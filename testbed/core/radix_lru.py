@@ -78,7 +78,7 @@ class RadixLRU:
         # conversation trace). Counted per node at an eviction (a node's blocks share their holders, so one
         # release freed them all) and per block at a revival.
         self.live: dict[int, int] = {}
-        self.slack = 65536  # stale listed blocks tolerated beyond the bound (tests set 0: compact often)
+        self.slack = 65536  # stale listed blocks tolerated beyond the bound (tests set it low: compact often)
 
     # --- membership ---------------------------------------------------------------------
     def in_tree(self, b: int) -> bool:
@@ -271,7 +271,6 @@ class RadixLRU:
 
     def _live_runs(self, runs: list[tuple[int, list[int]]]) -> list[list[int]]:
         """Each run's blocks still queued there."""
-        kv = self.kv
         rel = self.rel
         return [[b for b in run if rel[b] == no] for no, run in runs]
 
