@@ -45,13 +45,16 @@ ops = st.lists(
 
 @settings(max_examples=300, deadline=None)
 @given(num_blocks=st.integers(8, 96), block_size=st.sampled_from([1, 1, 2, 4]), ops=ops,
-       mode=st.sampled_from(["finished", "finished", "scheduled"]))
-def test_run_based_radix_tree_matches_the_per_block_one(num_blocks, block_size, ops, mode):
+       mode=st.sampled_from(["finished", "finished", "scheduled"]), slack=st.sampled_from([-10**9, -16, -4, 0, 65536]))
+def test_run_based_radix_tree_matches_the_per_block_one(num_blocks, block_size, ops, mode, slack):
     # admissions (looked up, hit, allocated in chunks), decodes, retractions (a retracted request comes
     # back and re-hits its own prompt, whose blocks note their index and life only then), finishes,
     # lookups and evictions, on both block managers in lockstep; in vLLM's mode too (decode blocks
     # registered as scheduled, evicted least recently released first)
     new, ref = _pair(num_blocks, block_size, mode)
+    if new._radix is not None:  # the released runs compacted (dead runs dropped, the rest filtered block by
+        new._radix.slack = slack  # block) at every release (-10**9), often (-16, -4, 0), or never in so small a
+        # cache (the default): the same blocks queued in the same order
     kvs = (new, ref)
     running: tuple[dict, dict] = ({}, {})  # rid -> state, per manager
     waiting: tuple[dict, dict] = ({}, {})  # retracted: rid -> state
@@ -147,3 +150,36 @@ def test_a_lookup_stamps_whole_nodes_and_the_oldest_leaf_goes_first():
         evicted.append((c.blocks, list(kv.free_order()), kv.match_prefix(a), kv.match_prefix(b)))
     assert evicted[0] == evicted[1]
     assert evicted[0][2] == 5 and evicted[0][3] == 0 and len(evicted[0][1]) == 8  # B's 2 spare blocks, then A's 6
+
+
+def test_a_release_whose_blocks_all_left_the_queue_is_dropped_whole():
+    # page size 1, a cache of 64 tokens, one 10-token request after another, each finished: once the cache is
+    # full each allocation evicts the oldest request's leaf whole, so that release's run holds nothing queued;
+    # with compaction forced at every release the run goes by its count (no look at its blocks), the queue
+    # stays the per-block reference's, and a request that was retracted and re-hits part of its prompt
+    # (a revival) takes its blocks off its run's count too
+    new, ref = _pair(64, 1)
+    new._radix.slack = -10**9
+    for i in range(12):
+        for kv in (new, ref):
+            s = _state(i + 1, 10, 3, [])
+            kv.touch(s, s.known_len - 1)
+            s.num_computed = kv.acquire_prefix(s)
+            kv.allocate(s, 10)
+            s.num_computed = 10
+            kv.register(s, 10)
+            kv.free(s, finished=i % 3 != 2)
+            if i % 3 == 2:  # retracted: it comes back and re-hits its prompt
+                s.num_computed = 0
+                kv.touch(s, s.known_len - 1)
+                s.num_computed = kv.acquire_prefix(s)
+                assert s.num_computed == 9
+                kv.allocate(s, 1)
+                s.num_computed = 10
+                kv.register(s, 10)
+                kv.free(s, finished=True)
+            kv.check_invariants([])
+        assert list(new.free_order()) == list(ref.free_order())
+    radix = new._radix
+    assert min(radix.live) > 1 and len(radix.runs) == len(radix.live) < 12
+    assert all(radix.live.values())

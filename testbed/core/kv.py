@@ -106,7 +106,10 @@ class BlockManager:
         # Holder counts are read only where a block can be shared or cached (a hit, an eviction, the radix
         # tree): without prefix caching no block is ever either, a block is held by one request or free, and
         # `_ref` is left unwritten. Orca's preset (1-token slots, no cache) then takes and frees its blocks
-        # in list slices alone, not one store per token (issue 27).
+        # in list slices alone, not one store per token (issue 27). In SGLang's mode (below, `_block_refs`
+        # False) the counts are the radix tree's, one per node, at its last block: taking, releasing,
+        # registering a request's tree blocks costs per node, and a block that caches nothing has no count
+        # (held by the one request whose list holds it, or free); `RadixLRU.rel` says which tree blocks are free.
         self._ref = [0] * num_blocks
         # The free queue (every block no request holds, the next allocated first) in two parts: `_front`,
         # the blocks queued at its front, which cache nothing, as a stack (the queue's head is its last
@@ -133,6 +136,7 @@ class BlockManager:
         self.queried_tokens = 0
         # SGLang's mode evicts as its radix tree does: oldest-accessed leaf first (testbed/core/radix_lru.py)
         self._radix = RadixLRU(self) if not self.cache_decode and enable_prefix_caching else None
+        self._block_refs = enable_prefix_caching and self._radix is None  # `_ref` kept per block
 
     @property
     def tracks_lookups(self) -> bool:
@@ -173,6 +177,10 @@ class BlockManager:
         if not state.req.prefix_hashes or not self.enable_prefix_caching:  # nobody else can hold its blocks
             return len(state.blocks)
         ref = self._ref
+        if self._radix is not None:  # its tree blocks (its first num_cached_blocks) by node, the rest its alone
+            k = min(len(state.blocks), state.num_cached_blocks) if state.num_cached_blocks < PRIVATE else 0
+            return len(state.blocks) - k + sum([stop - start for start, stop, e in self._radix.nodes_along(state.blocks, k)
+                                                if ref[e] == 1])
         return sum(1 for b in state.blocks if ref[b] == 1)
 
     # --- prefix cache -----------------------------------------------------------------------
@@ -260,6 +268,12 @@ class BlockManager:
         hit = self._matched_blocks(state)
         ref, keys, cached = self._ref, self.prefix_keys(state), self._cached  # a block is free (queued) exactly when no request holds it
         shared = min(hit, len(keys))
+        if self._radix is not None:  # SGLang's mode: a tree block is free when it names its release
+            rel = self._radix.rel
+            revived = sum(1 for i in range(shared) if rel[cached[keys[i]][0]])
+            if hit > shared:
+                revived += sum(1 for b in self._own_hits(state, shared, hit) if rel[b])
+            return self.blocks_for(hit * self.block_size + num_new_tokens) - hit + revived
         revived = sum(1 for i in range(shared) if ref[cached[keys[i]][0]] == 0)
         if hit > shared:
             revived += sum(1 for b in self._own_hits(state, shared, hit) if ref[b] == 0)
@@ -277,22 +291,29 @@ class BlockManager:
         if not hit:
             return 0
         ref, queue, keys, cached = self._ref, self._queue, self.prefix_keys(state), self._cached
-        queued = self._radix is None  # SGLang's mode drops a revived block from its release lazily
-        revived = 0
         nk = len(keys)
         own = self._own_hits(state, nk, hit) if hit > nk else []
+        radix = self._radix
+        if radix is not None:  # SGLang's mode: the hit's nodes are locked, one count per node (`inc_lock_ref`)
+            blocks = state.blocks
+            blocks += [cached[keys[i]][0] for i in range(min(hit, nk))]
+            blocks += own
+            radix.split_at(blocks, hit)  # (a node boundary after the hit: its last node's holders differ now)
+            revived: list[int] = []
+            for start, stop, e in radix.nodes_along(blocks, hit):
+                if ref[e] == 0:
+                    revived += blocks[start:stop]
+                ref[e] += 1
+            radix.revived(revived)
+            self.hit_tokens += hit * self.block_size
+            return hit * self.block_size
         for i in range(hit):
             # a hit block's first holder (`_hit_block`; a shared-prefix block's straight off the cache)
             b = cached[keys[i]][0] if i < nk else own[i - nk]
             if ref[b] == 0:
-                if queued:
-                    del queue[b]
-                revived += 1
+                del queue[b]
             ref[b] += 1
             state.blocks.append(b)
-        if self._radix is not None:
-            self._radix.revived(revived)
-            self._radix.split_at(state.blocks, hit)
         self.hit_tokens += hit * self.block_size
         return hit * self.block_size
 
@@ -354,9 +375,21 @@ class BlockManager:
             for b in blocks[i:full]:  # once per block of every prompt (its index and life: `_note_life`)
                 own_rid[b] = rid
             i = full
+        held = state.num_cached_blocks
         state.num_cached_blocks = i
         if self._radix is not None:
-            self._radix.checkpoint(blocks, first_new, full, state.req.prompt_len // self.block_size)
+            radix = self._radix
+            radix.checkpoint(blocks, first_new, full, state.req.prompt_len // self.block_size)
+            if first_new > held:  # it now holds the tree's copies of blocks [held, first_new) (`_swap_for_cached`):
+                # their nodes' counts, taken after the insert split the tree there
+                ref = self._ref
+                revived: list[int] = []
+                for start, stop, e in radix.nodes_along(blocks, first_new):
+                    if start >= held:
+                        if ref[e] == 0:
+                            revived += blocks[start:stop]
+                        ref[e] += 1
+                radix.revived(revived)
 
     # --- allocation -------------------------------------------------------------------------
     def evict_to_free(self, num_blocks: int) -> None:
@@ -407,19 +440,11 @@ class BlockManager:
         return key
 
     def _swap_for_cached(self, blocks: list[int], i: int, other: int) -> None:
-        """Hold cached block `other` in place of blocks[i], which is freed uncached."""
-        ref, queue = self._ref, self._queue
+        """Hold tree block `other` in place of blocks[i] (SGLang's mode), which is freed uncached (only this
+        request held it); `register` counts the holder on `other`'s node once the insert has split it."""
         b = blocks[i]
-        if ref[other] == 0:
-            if self._radix is not None:
-                self._radix.revived(1)
-            else:
-                del queue[other]
-        ref[other] += 1
         blocks[i] = other
-        ref[b] -= 1
-        if ref[b] == 0:
-            self._front.append(b)
+        self._front.append(b)
 
     def _grab(self, blocks: list[int], need: int) -> None:
         """Append `need` blocks from the free queue's head to `blocks` (evicting what they
@@ -454,7 +479,7 @@ class BlockManager:
             run = front[:]
             front.clear()
         run.reverse()
-        if self.enable_prefix_caching:
+        if self._block_refs:  # (SGLang's mode counts no block that caches nothing)
             ref = self._ref
             for b in run:  # a loop stores into a list faster than map(ref.__setitem__, ...) does
                 ref[b] = 1
@@ -466,16 +491,13 @@ class BlockManager:
         in this mode `_front` holds exactly those), then the blocks the radix tree evicts for the
         rest, in eviction order; a whole leaf's blocks beyond the need stay free at the queue's
         front, next in line."""
-        radix, ref = self._radix, self._ref
+        radix = self._radix
         assert radix is not None
         k = self._grab_front(blocks, need)
         if not k:
             return
-        evicted = radix.evict(k)  # (no longer queued: they left the tree)
-        taken = evicted[:k]
-        for b in taken:
-            ref[b] = 1
-        blocks += taken
+        evicted = radix.evict(k)  # (no longer queued: they left the tree; no count: they cache nothing)
+        blocks += evicted[:k]
         self._to_front(evicted[k:])
 
     def _to_front(self, evicted: list[int]) -> None:
@@ -493,7 +515,7 @@ class BlockManager:
         front = self._front
         if need == 1 and front:  # a decode step's one block (page size 1: every step), without the calls
             b = front.pop()  # the queue's head in either mode: it caches nothing, so it evicts nothing
-            if self.enable_prefix_caching:
+            if self._block_refs:
                 self._ref[b] = 1
             state.blocks.append(b)
             return
@@ -636,35 +658,35 @@ class BlockManager:
         blocks = state.blocks
         if finished and state.num_cached_blocks < PRIVATE:
             self.register(state, min(len(blocks), state.num_computed // bs) * bs)
-        ref, key_of, own_rid, is_leaf, rel = self._ref, self._key_of, self._own_rid, radix.is_leaf, radix.rel
+        ref, is_leaf, rel = self._ref, radix.is_leaf, radix.rel
         k = state.num_cached_blocks
+        # its tree blocks are its first k (what it hit and registered, a node boundary after them), the rest
+        # cache nothing (check_invariants): each node's count drops by one (`dec_lock_ref`, per node)
+        k = min(k, len(blocks)) if k < PRIVATE else 0
+        nodes = radix.nodes_along(blocks, k)
         no = radix.next_release()  # the tree blocks freed now queue as one run (RadixLRU.runs)
-        if not state.req.prefix_hashes and k < PRIVATE:
-            # the common case: nobody else holds its blocks, its first k are its own tree blocks
-            # (a chain: only the last can be a leaf), the rest cache nothing
+        if not state.req.prefix_hashes:
+            # the common case: nobody else holds its blocks (its own content), so every node it held is
+            # free now (a chain: only the last can be a leaf)
+            for _, _, e in nodes:
+                ref[e] -= 1
             tree = blocks[:k]
             for b in tree:
-                ref[b] = 0
                 rel[b] = no
-            for b in blocks[k:]:
-                ref[b] = 0
             radix.released(no, tree, [tree[-1]] if k and is_leaf(tree[-1]) else [])
-            self._front += blocks[k:][::-1]  # blocks[k] first in line
-        else:
-            first, leaves, run = [], [], []
-            for i in range(len(blocks) - 1, -1, -1):
-                b = blocks[i]
-                ref[b] -= 1
-                if ref[b] == 0:
-                    if own_rid[b] >= 0 or b in key_of:
+        else:  # tail first: the nodes no other request holds
+            leaves, run = [], []
+            for start, stop, e in reversed(nodes):
+                ref[e] -= 1
+                if ref[e] == 0:
+                    seg = blocks[start:stop][::-1]
+                    for b in seg:
                         rel[b] = no
-                        run.append(b)
-                        if is_leaf(b):
-                            leaves.append(b)
-                    else:
-                        first.append(b)
+                    run += seg
+                    if is_leaf(e):
+                        leaves.append(e)
             radix.released(no, run, leaves)
-            self._front += first  # (descending) the lowest first in line
+        self._front += blocks[k:][::-1]  # blocks[k] first in line
         if finished:
             state._past_blocks = []
         elif blocks:
@@ -702,6 +724,7 @@ class BlockManager:
     def check_invariants(self, states: Iterable[RequestState]) -> None:
         """Every block is exactly one of free (queued) / owned, ref counts match owners, and
         the cache's two maps agree."""
+        states = list(states)
         owners = [0] * self.num_blocks
         free = set(self.free_order())
         assert len(free) == self.num_free_blocks, "a block is queued twice"
@@ -719,6 +742,9 @@ class BlockManager:
             if not self.enable_prefix_caching:  # `_ref` unwritten: one holder at most, nothing cached
                 assert owners[b] <= 1, f"block {b} is shared by {owners[b]} requests without prefix caching"
                 continue
+            if self._radix is not None:  # counts per node (below); a block caching nothing has one holder at most
+                assert owners[b] <= 1 or self._radix.in_tree(b), f"block {b} caches nothing but has {owners[b]} holders"
+                continue
             assert self._ref[b] == owners[b], f"block {b}: ref count {self._ref[b]} but {owners[b]} owners"
             if owners[b] > 1:
                 assert b in self._key_of, f"block {b} is shared by {owners[b]} requests but is not a cached block"
@@ -730,8 +756,17 @@ class BlockManager:
         for b in self._key_of:
             assert self._own_rid[b] < 0, f"block {b} caches a shared key and a request's own content"
         assert host == self._host_used, f"host blocks used {self._host_used}, swapped states hold {host}"
-        if self._radix is not None:
-            self._radix.check()
+        radix = self._radix
+        if radix is not None:
+            for e, node in radix.blocks_of.items():  # a node's count: the requests holding it, each its every block
+                for x in node:
+                    assert owners[x] == self._ref[e], f"block {x}: {owners[x]} holders, its node {e} counts {self._ref[e]}"
+            for s in states:  # its tree blocks: the first num_cached_blocks, a node boundary after them
+                k = min(s.num_cached_blocks, len(s.blocks)) if s.num_cached_blocks < PRIVATE else 0
+                assert all(radix.in_tree(b) for b in s.blocks[:k]), f"request {s.id}: a block it registered left the tree"
+                assert not any(radix.in_tree(b) for b in s.blocks[k:]), f"request {s.id}: an unregistered block is in the tree"
+                assert k == 0 or s.blocks[k - 1] in radix.blocks_of, f"request {s.id}: its tree blocks end inside a node"
+            radix.check()
 
 
 _ITEMS = object()  # KVPreview._pending: an entry holding a list of scheduled (request, tokens) items
@@ -827,6 +862,7 @@ class KVPreview:
         cap = (state.known_len - 1) // kv.block_size
         keys = kv.prefix_keys(state)
         ref, taken, touched, new, cached = kv._ref, self._taken, self._touched, self._new, kv._cached
+        rel = kv._radix.rel if kv._radix is not None else None  # SGLang's mode: a free tree block names its release
         revive: list[int] = []
         n = 0
         # the shared-prefix blocks first, their holders read straight off the cache (`candidates`' first case,
@@ -840,7 +876,7 @@ class KVPreview:
             if block is None:
                 if keys[n] not in new:
                     return n, revive
-            elif ref[block] == 0 and block not in touched:  # free: queued (a cached block is never in _front)
+            elif (ref[block] == 0 if rel is None else rel[block]) and block not in touched:  # free: queued (a cached block is never in _front)
                 revive.append(block)
         else:
             n = min(cap, len(keys))
@@ -848,7 +884,7 @@ class KVPreview:
             block = next((b for b in kv.candidates(state, n) if b not in taken), None)
             if block is None and not (n < len(keys) and keys[n] in new):
                 break
-            if block is not None and ref[block] == 0 and block not in touched:
+            if block is not None and (ref[block] == 0 if rel is None else rel[block]) and block not in touched:
                 revive.append(block)
             n += 1
         return n, revive

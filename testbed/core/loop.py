@@ -276,6 +276,8 @@ class StepLoop:
         cache_decode = kv.cache_decode
         caching = kv.enable_prefix_caching  # without it `register` caches nothing: not called
         in_flight = self.in_flight
+        front, ref, block_refs = kv._front, kv._ref, kv._block_refs  # `allocate`'s one-block case, inlined below
+        plain_allocate = type(kv).allocate is BlockManager.allocate
         # The batch's features are summed in this same walk over the items, with `add_work`'s
         # arithmetic inlined (`_work_of` once an item is applied: a waiting one's offset is its
         # prefix hit): one pass per step instead of two, and no tuple or call per item (calling
@@ -303,12 +305,23 @@ class StepLoop:
                 admitted += 1
             offset = s.num_computed
             upto = offset + n
-            if upto > len(s.blocks) * bs:
-                try:  # self._guard_kv(kv.allocate, s, n), one call less per allocation
-                    kv.allocate(s, n)
-                except KVCapacityError as e:
-                    raise PlanError(self.policy_name, "kv-capacity", f"request {s.req.id}: {e}") from None
-            if caching and upto // bs > s.num_cached_blocks and (cache_decode or s.is_prefill):
+            blocks = s.blocks
+            if upto > len(blocks) * bs:
+                if n == 1 and front and offset <= len(blocks) * bs and plain_allocate:
+                    # a decode's one block off the queue's head (page size 1: every decode, every step):
+                    # `allocate`'s own fast case, without the call
+                    b = front.pop()
+                    if block_refs:
+                        ref[b] = 1
+                    blocks.append(b)
+                else:
+                    try:  # self._guard_kv(kv.allocate, s, n), one call less per allocation
+                        kv.allocate(s, n)
+                    except KVCapacityError as e:
+                        raise PlanError(self.policy_name, "kv-capacity", f"request {s.req.id}: {e}") from None
+            # (is_prefill inlined, asked last: SGLang's page size 1 reaches it for every decode)
+            if caching and upto // bs > s.num_cached_blocks and (
+                    cache_decode or s.req.prompt_len + s.num_generated - offset > 1 or s.num_generated == 0):
                 if cache_decode:
                     if in_flight is not None and s in in_flight:  # async: its last token is not back yet
                         kv.register(s, min(upto, s.req.prompt_len + s.num_generated - 1))

@@ -62,12 +62,23 @@ class RadixLRU:
         self.size = 0  # tree blocks
         # The free queue's cached part (free tree blocks, in the order they were freed; their count is
         # kv._free_tree), one entry per release: (release number, the tree blocks it freed, in queue
-        # order). A listed block is still queued there while `rel[b]` names that release and it is
-        # free and in the tree: reviving or evicting it drops nothing (it goes stale in place).
+        # order). A listed block is still queued there while `rel[b]` names that release: reviving or
+        # evicting it zeroes `rel[b]` and drops nothing from the list (it goes stale in place). So `rel[b]`
+        # is nonzero exactly for the free tree blocks: what says a tree block is free, as its holder count
+        # is kept per node (kv._ref at the node's last block; SGLang's `lock_ref` per TreeNode,
+        # radix_cache.py `inc_lock_ref` / `dec_lock_ref` L582-616 walk nodes, not tokens), and a block
+        # that caches nothing has none (it is held by the request whose list holds it, or free).
         self.rel = [0] * n
         self.runs: list[tuple[int, list[int]]] = []
         self.releases = 0
         self.listed = 0  # blocks listed in runs, live or stale
+        # release number -> its run's blocks still queued there, for every listed run: a run with none is
+        # dropped whole when the runs are compacted, without a look at its blocks (a block-by-block filter,
+        # three scattered reads per listed block, was a fifth of SGLang's 4x-load run on the Azure
+        # conversation trace). Counted per node at an eviction (a node's blocks share their holders, so one
+        # release freed them all) and per block at a revival.
+        self.live: dict[int, int] = {}
+        self.slack = 65536  # stale listed blocks tolerated beyond the bound (tests set it low: compact often)
 
     # --- membership ---------------------------------------------------------------------
     def in_tree(self, b: int) -> bool:
@@ -120,12 +131,27 @@ class RadixLRU:
         end[c] = e
         self.parent[c] = b
         self.kids[b] = 1
+        ref = self.kv._ref
+        ref[b] = ref[e]  # both halves keep the node's holders
         if t < 0:
             stamp[b] = stamp[e]
             return
         stamp[b] = t
         stamp[e] = t
         self._push_if_leaf(e)
+
+    def nodes_along(self, path: list[int], n: int) -> list[tuple[int, int, int]]:
+        """(start, stop, last block) of each node that path[:n] runs through, from the root (path: tree
+        blocks from the root, a node boundary after its first n, as a held or hit prefix has)."""
+        blocks_of, end = self.blocks_of, self.end
+        out = []
+        start = 0
+        while start < n:
+            e = end[path[start]]
+            stop = start + len(blocks_of[e])
+            out.append((start, stop, e))
+            start = stop
+        return out
 
     def _node_at(self, path: list[int], j: int) -> tuple[int, int]:
         """(the last block of the node holding path[j], where that node starts in path): the path's
@@ -182,6 +208,7 @@ class RadixLRU:
             self.end[seg[0]] = prev
             self.kids[prev] = 0
             self.stamp[prev] = t3
+            self.kv._ref[prev] = 1  # its one holder: the request that computed (or loaded) it
             if m:
                 p = blocks[m - 1]
                 self.parent[seg[0]] = p
@@ -217,32 +244,53 @@ class RadixLRU:
         if run:
             kv._free_tree += len(run)
             self.runs.append((no, run))
+            self.live[no] = len(run)
             self.listed += len(run)
-            if self.listed > 4 * kv._free_tree + 65536:  # mostly stale: keep the live blocks (amortised O(1) each)
-                self.runs = [(no, live) for no, live in zip([no for no, _ in self.runs], self._live_runs()) if live]
-                self.listed = kv._free_tree
+            if self.listed > 4 * kv._free_tree + self.slack:  # mostly stale
+                self._compact_runs()
         for b in leaves:
             self._push_if_leaf(b)
 
-    def _live_runs(self) -> list[list[int]]:
+    def _compact_runs(self) -> None:
+        """Drop the runs none of whose blocks is queued (by their counts); if the rest are still mostly
+        stale, keep only their queued blocks (a look at each: amortised O(1) per listed block, as the
+        next compaction waits for as many new ones)."""
+        kv, live = self.kv, self.live
+        kept = []
+        for no, run in self.runs:
+            if live[no]:
+                kept.append((no, run))
+            else:
+                del live[no]
+        listed = sum([len(run) for _, run in kept])
+        if listed > 2 * kv._free_tree + self.slack // 2:
+            kept = [(no, run) for no, run in zip([no for no, _ in kept], self._live_runs(kept))]
+            listed = kv._free_tree
+        self.runs = kept
+        self.listed = listed
+
+    def _live_runs(self, runs: list[tuple[int, list[int]]]) -> list[list[int]]:
         """Each run's blocks still queued there."""
-        kv = self.kv
-        rel, ref, own_rid, key_of = self.rel, kv._ref, kv._own_rid, kv._key_of
-        return [[b for b in run if rel[b] == no and ref[b] == 0 and (own_rid[b] >= 0 or b in key_of)]
-                for no, run in self.runs]
+        rel = self.rel
+        return [[b for b in run if rel[b] == no] for no, run in runs]
 
     def queued(self) -> Iterator[int]:
         """The free tree blocks in queue order (released first first)."""
-        kv = self.kv
-        rel, ref, own_rid, key_of = self.rel, kv._ref, kv._own_rid, kv._key_of
+        rel, live = self.rel, self.live
         for no, run in self.runs:
+            if not live[no]:
+                continue  # none of it is queued any more
             for b in run:
-                if rel[b] == no and ref[b] == 0 and (own_rid[b] >= 0 or b in key_of):
+                if rel[b] == no:
                     yield b
 
-    def revived(self, n: int) -> None:
-        """n free tree blocks left the free queue (a request locked them)."""
-        self.kv._free_tree -= n
+    def revived(self, blocks: list[int]) -> None:
+        """These free tree blocks left the free queue (a request locked them)."""
+        self.kv._free_tree -= len(blocks)
+        live, rel = self.live, self.rel
+        for b in blocks:
+            live[rel[b]] -= 1
+            rel[b] = 0  # held: no release's any more
 
     def make_uncached(self, num_blocks: int) -> None:
         """Evict until `num_blocks` free blocks cache nothing, or nothing is evictable
@@ -259,6 +307,7 @@ class RadixLRU:
         kv = self.kv
         heap, parent, kids, stamp, head = self.heap, self.parent, self.kids, self.stamp, self.head
         ref, own_rid, key_of, blocks_of = kv._ref, kv._own_rid, kv._key_of, self.blocks_of
+        live, rel = self.live, self.rel
         out: list[int] = []
         evicted = 0
         while evicted < num_blocks and heap:
@@ -267,15 +316,18 @@ class RadixLRU:
                 continue  # stale
             h = head[b]
             node = blocks_of.pop(b)[::-1]  # the node, last block first
+            live[rel[h]] -= len(node)  # (one release freed the whole node: its blocks share their holders)
             if key_of:
                 for x in node:  # (a host tier keeps dropped keys in this order)
                     if own_rid[x] >= 0:
                         own_rid[x] = -1
                     else:
                         kv._drop_key(x)
+                    rel[x] = 0
             else:  # no shared content cached: every tree block is a request's own
                 for x in node:
                     own_rid[x] = -1
+                    rel[x] = 0  # no release's any more (it caches nothing now)
             out += node
             evicted += len(node)
             p = parent[h]
@@ -295,6 +347,9 @@ class RadixLRU:
         assert self.size == sum(tree), f"tree size {self.size}, {sum(tree)} tree blocks"
         assert kv._free_tree == sum(1 for b in kv.free_order() if tree[b]), "free tree-block count is off"
         assert self.listed == sum(len(r) for _, r in self.runs), "listed blocks miscounted"
+        assert sorted(self.live) == sorted(no for no, _ in self.runs), "a run without its count, or a count without its run"
+        for (no, run), queued in zip(self.runs, self._live_runs(self.runs)):
+            assert self.live[no] == len(queued), f"release {no}: {self.live[no]} blocks counted queued, {len(queued)} are"
         seen_cached = False
         for b in kv.free_order():  # free blocks caching nothing come first
             if tree[b]:
@@ -312,13 +367,16 @@ class RadixLRU:
             for x in node:
                 assert tree[x] and not covered[x], f"node ending at {e} holds block {x} twice or off the tree"
                 covered[x] = True
-                assert kv._ref[x] == kv._ref[e], f"blocks {x} and {e} of one node differ in holders"
+                assert (self.rel[x] != 0) == (kv._ref[e] == 0), f"block {x}: free by `rel`, its node {e} held, or back"
+                if kv._ref[e] == 0:  # (`live` counts an eviction per node)
+                    assert self.rel[x] == self.rel[e], f"blocks {x} and {e} of one free node were freed apart"
             p = parent[h]
             if p >= 0:
                 assert tree[p] and p in self.blocks_of, f"node ending at {e} hangs under block {p}, not a node's end"
                 kids[p] += 1
                 assert kv._ref[p] >= kv._ref[e], f"block {e} held by more requests than its parent {p}"
         assert all(covered[b] == tree[b] for b in range(n)), "a tree block belongs to no node"
+        assert all(self.rel[b] == 0 for b in range(n) if not tree[b]), "a block caching nothing names a release"
         heap = set(self.heap)
         for e in ends:
             assert kids[e] == self.kids[e], f"block {e}: {self.kids[e]} children counted, {kids[e]} found"

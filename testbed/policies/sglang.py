@@ -105,6 +105,7 @@ here the step decodes).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
@@ -115,6 +116,7 @@ PREFIX_MATCH_QUEUE_MAX = 128  # WAITING_QUEUE_PREFIX_MATCH_MAX, P L136: lpm turn
 WAITING_PREFIX_REFRESH_INTERVAL = 32  # P L139: a cache-agnostic order re-stamps the queue's prefixes every 32 calls
 IN_BATCH_CHECK_THRESHOLD = 32  # IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD, P L115-118
 IN_BATCH_DEPRIORITIZE_THRESHOLD = 32  # IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD, P L122-126
+_RID = attrgetter("req.id")  # a request state's id, read in C (the queue's checks run once per waiting request per step)
 
 
 @dataclass
@@ -257,6 +259,7 @@ class SGLangPolicy(BasePolicy):
         self._queue: dict = {}  # SGLang's waiting queue, in its order: request id -> state
         self._full: set | None = None  # batch_is_full: the ids whose leaving clears it, or None
         self._batch_pos: dict = {}  # request id -> its place in SGLang's running batch
+        self._batch: list = []  # that batch, in that order (a step that decodes the same batch reuses both)
         self._created: dict = {}  # radix child order: prefix-chain key -> rank of first insertion
         # SGLang's chunked_req (S L4176-4184): the request whose prompt a chunk cut, until its last
         # chunk. A retracted request recomputing its outputs can be cut one token short of the end,
@@ -286,12 +289,12 @@ class SGLangPolicy(BasePolicy):
         """Drop admitted requests; append new arrivals (retracted ones were appended when retracted)."""
         waiting = view.waiting
         q = self._queue
-        if len(q) != len(waiting) or any(s.req.id not in q for s in waiting):
-            ids = {s.req.id for s in waiting}
+        if len(q) != len(waiting) or not all(map(q.__contains__, map(_RID, waiting))):
+            ids = set(map(_RID, waiting))
             self._queue = q = {i: s for i, s in q.items() if i in ids}
-            for s in waiting:
-                if s.id not in q:
-                    q[s.id] = s
+            for rid, s in zip(map(_RID, waiting), waiting):
+                if rid not in q:
+                    q[rid] = s
 
     def _max_new(self, s) -> int:
         """The request's max_new_tokens, clipped as SGLang clips it on arrival so that admission
@@ -379,9 +382,12 @@ class SGLangPolicy(BasePolicy):
                 chunked = s
                 break
         decoding = [s for s in running if s is not chunked] if chunked is not None else list(running)
-        if self._batch_pos:  # SGLang's running-batch order: kept across steps, new ones appended
+        if self._batch_pos and decoding != self._batch:  # SGLang's running-batch order: kept across steps, new
+            # ones appended (the same requests in the same order, compared by identity in C, are in it already)
             pos, inf = self._batch_pos, float("inf")
-            decoding.sort(key=lambda s: pos.get(s.req.id, inf))
+            keys = [pos.get(s.req.id, inf) for s in decoding]
+            if keys != sorted(keys):  # (mostly in order already: the running order unless a retraction sorted it)
+                decoding = [decoding[i] for i in sorted(range(len(keys)), key=keys.__getitem__)]  # stable, as sort
         if self._full is not None and (not decoding or not self._full <= {s.req.id for s in running}):
             self._full = None  # a request left the batch
         plan = self._prefill(view, decoding, chunked)
@@ -407,8 +413,10 @@ class SGLangPolicy(BasePolicy):
         page = lambda n: -(-n // bs) * bs  # noqa: E731 (ceil_paged_tokens)
         ratio = 1.0 if k.ignore_eos else self.ratio
         clip, max_new_of = k.clip_max_new_tokens, self._max_new
+        known = self._max_new_of  # `_max_new`'s cached value read inline: once per running request per step
         rem_total = view.free_blocks * bs - sum(
-            [min(max_new_of(s) - s.num_generated, clip) * ratio for s in decoding])
+            [min((known[s.req.id] if s.req.id in known else max_new_of(s)) - s.num_generated, clip) * ratio
+             for s in decoding])
         rem_input = k.max_prefill_tokens  # PrefillAdder(rem_input_tokens=max_prefill_tokens), S L4157-4164
         rem_chunk = k.chunked_prefill_size or None  # rem_chunk_tokens = chunked_prefill_size (P L639), not capped by rem_input
         cap = view.token_budget  # the engine's own limit on a step's tokens (not SGLang's: keep it above)
@@ -507,7 +515,7 @@ class SGLangPolicy(BasePolicy):
         refusal with requests already decoding holds admission."""
         if not any(not s.is_prefill and s.id != self._chunked_id for s in view.running):
             return
-        self._full = {s.id for s in view.running} | {s.id for s, _ in plan.items}
+        self._full = {s.req.id for s in view.running} | {s.req.id for s, _ in plan.items}
 
     def _decode(self, view, plan: Plan, decoding) -> Plan:
         free = view.free_blocks
@@ -544,6 +552,8 @@ class SGLangPolicy(BasePolicy):
             self.ratio = min(1.0, (generated + self.knobs.retract_decode_steps * len(keep)) / (max_new + 1))
             self._decode_mark = None  # no decay on a retracting step
             self._full = None  # the batch shrank
-        self._batch_pos = {s.req.id: i for i, s in enumerate(decoding)}
+        if decoding != self._batch:  # (RequestState compares by identity)
+            self._batch_pos = {s.req.id: i for i, s in enumerate(decoding)}
+            self._batch = decoding
         plan.items += [(s, 1) for s in decoding[:view.token_budget]]  # plan.schedule(s, 1) each
         return plan
