@@ -268,15 +268,11 @@ class BlockManager:
         hit = self._matched_blocks(state)
         ref, keys, cached = self._ref, self.prefix_keys(state), self._cached  # a block is free (queued) exactly when no request holds it
         shared = min(hit, len(keys))
-        if self._radix is not None:  # SGLang's mode: a tree block is free when it names its release
-            rel = self._radix.rel
-            revived = sum(1 for i in range(shared) if rel[cached[keys[i]][0]])
-            if hit > shared:
-                revived += sum(1 for b in self._own_hits(state, shared, hit) if rel[b])
-            return self.blocks_for(hit * self.block_size + num_new_tokens) - hit + revived
-        revived = sum(1 for i in range(shared) if ref[cached[keys[i]][0]] == 0)
+        # SGLang's mode counts holders per node: a tree block is free when it names its release
+        free = self._radix.rel.__getitem__ if self._radix is not None else (lambda b: ref[b] == 0)
+        revived = sum(1 for i in range(shared) if free(cached[keys[i]][0]))
         if hit > shared:
-            revived += sum(1 for b in self._own_hits(state, shared, hit) if ref[b] == 0)
+            revived += sum(1 for b in self._own_hits(state, shared, hit) if free(b))
         return self.blocks_for(hit * self.block_size + num_new_tokens) - hit + revived
 
     def acquire_prefix(self, state: RequestState, max_tokens: int | None = None) -> int:
