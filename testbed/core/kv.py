@@ -266,14 +266,21 @@ class BlockManager:
         """Free blocks that admitting a waiting request with `num_new_tokens` would consume:
         its new blocks plus the cached prefix blocks it takes off the free queue."""
         hit = self._matched_blocks(state)
-        ref, keys, cached = self._ref, self.prefix_keys(state), self._cached  # a block is free (queued) exactly when no request holds it
+        keys, cached = self.prefix_keys(state), self._cached
         shared = min(hit, len(keys))
-        # SGLang's mode counts holders per node: a tree block is free when it names its release
-        free = self._radix.rel.__getitem__ if self._radix is not None else (lambda b: ref[b] == 0)
+        free = self._is_free_cached()
         revived = sum(1 for i in range(shared) if free(cached[keys[i]][0]))
         if hit > shared:
             revived += sum(1 for b in self._own_hits(state, shared, hit) if free(b))
         return self.blocks_for(hit * self.block_size + num_new_tokens) - hit + revived
+
+    def _is_free_cached(self):
+        """Whether a cached block is free (queued): no holder, or in SGLang's mode (holders counted per node,
+        none per block) naming its release in the tree."""
+        if self._radix is not None:
+            return self._radix.rel.__getitem__
+        ref = self._ref
+        return lambda b: ref[b] == 0
 
     def acquire_prefix(self, state: RequestState, max_tokens: int | None = None) -> int:
         """Attach the cached prefix blocks (at most `max_tokens` worth) to a request holding

@@ -131,12 +131,8 @@ class OffloadingBlockManager(BlockManager):
     def admission_blocks(self, state: RequestState, num_new_tokens: int) -> int:
         """As BlockManager's, plus a fresh block for every block loaded from host."""
         d, h = self._matched(state)
-        if self._radix is not None:  # SGLang's mode: a free tree block names its release (holders are per node)
-            rel = self._radix.rel
-            revived = sum(1 for i in range(d) if rel[self._hit_block(state, i)])
-        else:
-            ref = self._ref  # a block is free (queued) exactly when no request holds it
-            revived = sum(1 for i in range(d) if ref[self._hit_block(state, i)] == 0)
+        free = self._is_free_cached()
+        revived = sum(1 for i in range(d) if free(self._hit_block(state, i)))
         return self.blocks_for((d + h) * self.block_size + num_new_tokens) - d + revived
 
     def acquire_prefix(self, state: RequestState, max_tokens: int | None = None) -> int:
