@@ -268,19 +268,18 @@ class BlockManager:
         hit = self._matched_blocks(state)
         keys, cached = self.prefix_keys(state), self._cached
         shared = min(hit, len(keys))
-        free = self._is_free_cached()
-        revived = sum(1 for i in range(shared) if free(cached[keys[i]][0]))
+        path = [cached[keys[i]][0] for i in range(shared)]
         if hit > shared:
-            revived += sum(1 for b in self._own_hits(state, shared, hit) if free(b))
-        return self.blocks_for(hit * self.block_size + num_new_tokens) - hit + revived
+            path += self._own_hits(state, shared, hit)
+        return self.blocks_for(hit * self.block_size + num_new_tokens) - hit + self._free_cached_count(path)
 
-    def _is_free_cached(self):
-        """Whether a cached block is free (queued): no holder, or in SGLang's mode (holders counted per node,
-        none per block) naming its release in the tree."""
+    def _free_cached_count(self, path: list[int]) -> int:
+        """How many of a prefix hit's blocks (`path`, from the sequence's start) are free (queued): those with
+        no holder, or in SGLang's mode (holders counted per node, none per block) the tree's free nodes'."""
         if self._radix is not None:
-            return self._radix.rel.__getitem__
+            return self._radix.free_count(path, len(path))
         ref = self._ref
-        return lambda b: ref[b] == 0
+        return sum([1 for b in path if ref[b] == 0])
 
     def acquire_prefix(self, state: RequestState, max_tokens: int | None = None) -> int:
         """Attach the cached prefix blocks (at most `max_tokens` worth) to a request holding
@@ -302,12 +301,10 @@ class BlockManager:
             blocks += [cached[keys[i]][0] for i in range(min(hit, nk))]
             blocks += own
             radix.split_at(blocks, hit)  # (a node boundary after the hit: its last node's holders differ now)
-            revived: list[int] = []
             for start, stop, e in radix.nodes_along(blocks, hit):
                 if ref[e] == 0:
-                    revived += blocks[start:stop]
+                    radix.revive(e, stop - start)
                 ref[e] += 1
-            radix.revived(revived)
             self.hit_tokens += hit * self.block_size
             return hit * self.block_size
         for i in range(hit):
@@ -386,13 +383,11 @@ class BlockManager:
             if first_new > held:  # it now holds the tree's copies of blocks [held, first_new) (`_swap_for_cached`):
                 # their nodes' counts, taken after the insert split the tree there
                 ref = self._ref
-                revived: list[int] = []
                 for start, stop, e in radix.nodes_along(blocks, first_new):
                     if start >= held:
                         if ref[e] == 0:
-                            revived += blocks[start:stop]
+                            radix.revive(e, stop - start)
                         ref[e] += 1
-                radix.revived(revived)
 
     # --- allocation -------------------------------------------------------------------------
     def evict_to_free(self, num_blocks: int) -> None:
@@ -664,31 +659,30 @@ class BlockManager:
         ref, is_leaf, rel = self._ref, radix.is_leaf, radix.rel
         k = state.num_cached_blocks
         # its tree blocks are its first k (what it hit and registered, a node boundary after them), the rest
-        # cache nothing (check_invariants): each node's count drops by one (`dec_lock_ref`, per node)
+        # cache nothing (check_invariants): each node's count drops by one (`dec_lock_ref`, per node), and a
+        # node it leaves free names this release (RadixLRU.rel)
         k = min(k, len(blocks)) if k < PRIVATE else 0
         nodes = radix.nodes_along(blocks, k)
         no = radix.next_release()  # the tree blocks freed now queue as one run (RadixLRU.runs)
         if not state.req.prefix_hashes:
             # the common case: nobody else holds its blocks (its own content), so every node it held is
-            # free now (a chain: only the last can be a leaf)
+            # free now (a chain: only the last can be a leaf), queued in order
             for _, _, e in nodes:
                 ref[e] -= 1
-            tree = blocks[:k]
-            for b in tree:
-                rel[b] = no
-            radix.released(no, tree, [tree[-1]] if k and is_leaf(tree[-1]) else [])
-        else:  # tail first: the nodes no other request holds
-            leaves, run = [], []
+                rel[e] = no
+            if k:
+                radix.released(no, [(blocks[:k], False)], k, [blocks[k - 1]] if is_leaf(blocks[k - 1]) else [])
+        else:  # tail first: the nodes no other request holds, each queued last block first
+            leaves, paths, count = [], [], 0
             for start, stop, e in reversed(nodes):
                 ref[e] -= 1
                 if ref[e] == 0:
-                    seg = blocks[start:stop][::-1]
-                    for b in seg:
-                        rel[b] = no
-                    run += seg
+                    rel[e] = no
+                    paths.append((blocks[start:stop], True))
+                    count += stop - start
                     if is_leaf(e):
                         leaves.append(e)
-            radix.released(no, run, leaves)
+            radix.released(no, paths, count, leaves)
         self._front += blocks[k:][::-1]  # blocks[k] first in line
         if finished:
             state._past_blocks = []
@@ -864,8 +858,9 @@ class KVPreview:
             self._catch_up()
         cap = (state.known_len - 1) // kv.block_size
         keys = kv.prefix_keys(state)
+        if kv._radix is not None:
+            return self._match_radix(state, cap, keys)
         ref, taken, touched, new, cached = kv._ref, self._taken, self._touched, self._new, kv._cached
-        rel = kv._radix.rel if kv._radix is not None else None  # SGLang's mode: a free tree block names its release
         revive: list[int] = []
         n = 0
         # the shared-prefix blocks first, their holders read straight off the cache (`candidates`' first case,
@@ -879,7 +874,7 @@ class KVPreview:
             if block is None:
                 if keys[n] not in new:
                     return n, revive
-            elif (ref[block] == 0 if rel is None else rel[block]) and block not in touched:  # free: queued (a cached block is never in _front)
+            elif ref[block] == 0 and block not in touched:  # free: queued (a cached block is never in _front)
                 revive.append(block)
         else:
             n = min(cap, len(keys))
@@ -887,7 +882,40 @@ class KVPreview:
             block = next((b for b in kv.candidates(state, n) if b not in taken), None)
             if block is None and not (n < len(keys) and keys[n] in new):
                 break
-            if block is not None and (ref[block] == 0 if rel is None else rel[block]) and block not in touched:
+            if block is not None and ref[block] == 0 and block not in touched:
                 revive.append(block)
+            n += 1
+        return n, revive
+
+    def _match_radix(self, state: RequestState, cap: int, keys: tuple[int, ...]) -> tuple[int, list[int]]:
+        """`match` in SGLang's mode, where holders are counted per node, not per block: the hit is the tree's
+        path from the root (each content is held once, and the tree holds a path's every prefix), read
+        node by node for which of its blocks are free (RadixLRU.rel at a node's last block)."""
+        kv = self.kv
+        radix = kv._radix
+        assert radix is not None
+        taken, touched, new, cached = self._taken, self._touched, self._new, kv._cached
+        blocks_of, end, rel = radix.blocks_of, radix.end, radix.rel
+        revive: list[int] = []
+        nk = min(cap, len(keys))
+        stop, free = 0, False  # where the path's current node ends, and whether it is free
+        n = 0
+        while n < cap:
+            if n < nk:
+                holders = cached.get(keys[n])
+                on_path = holders[0] if holders else None
+                block = on_path if on_path is not None and on_path not in taken else None
+            else:
+                found = kv.candidates(state, n)
+                on_path = found[0] if found else None
+                block = next((b for b in found if b not in taken), None)
+            if block is None and not (n < len(keys) and keys[n] in new):
+                break
+            if on_path is not None:
+                if n == stop:  # the path enters a node at its first block
+                    e = end[on_path]
+                    stop, free = n + len(blocks_of[e]), rel[e] != 0
+                if block is not None and free and block not in touched:
+                    revive.append(block)
             n += 1
         return n, revive

@@ -61,22 +61,29 @@ class RadixLRU:
         self.heap: list[tuple[int, int]] = []
         self.size = 0  # tree blocks
         # The free queue's cached part (free tree blocks, in the order they were freed; their count is
-        # kv._free_tree), one entry per release: (release number, the tree blocks it freed, in queue
-        # order). A listed block is still queued there while `rel[b]` names that release: reviving or
-        # evicting it zeroes `rel[b]` and drops nothing from the list (it goes stale in place). So `rel[b]`
-        # is nonzero exactly for the free tree blocks: what says a tree block is free, as its holder count
-        # is kept per node (kv._ref at the node's last block; SGLang's `lock_ref` per TreeNode,
-        # radix_cache.py `inc_lock_ref` / `dec_lock_ref` L582-616 walk nodes, not tokens), and a block
-        # that caches nothing has none (it is held by the request whose list holds it, or free).
+        # kv._free_tree), one entry per release: (release number, the paths it freed). A path is a list of
+        # tree blocks that were whole nodes along one branch when freed, from the root down, with whether
+        # the queue holds them in reverse (a release queues a request's nodes tail first, or, when nobody
+        # else held any of them, its whole path in order): kept as the request's own lists, so a release
+        # costs per node, not per block. A node is free exactly while `rel[e]` at its last block names the
+        # release that freed it (0 while held; nodes split later copy it to both halves): what says a tree
+        # block is free, as its holder count is kept per node too (kv._ref at the node's last block;
+        # SGLang's `lock_ref` per TreeNode, radix_cache.py `inc_lock_ref` / `dec_lock_ref` L582-616 walk
+        # nodes, not tokens), and a block that caches nothing has none (held by the request whose list
+        # holds it, or free). Reviving or evicting a node changes its `rel` (or drops the node) and
+        # nothing listed: a listed path is read node by node (`_queued_in`). Values of `rel` at blocks
+        # that end no node are stale and never read (an earlier form stored the release at every block,
+        # and zeroed it at every eviction: with page size 1 that was a scattered store per token at each
+        # release and each eviction, a fifth of SGLang's 4x-load run on the Azure conversation trace).
         self.rel = [0] * n
-        self.runs: list[tuple[int, list[int]]] = []
+        self.runs: list[tuple[int, list[tuple[list[int], bool]]]] = []
         self.releases = 0
         self.listed = 0  # blocks listed in runs, live or stale
         # release number -> its run's blocks still queued there, for every listed run: a run with none is
         # dropped whole when the runs are compacted, without a look at its blocks (a block-by-block filter,
         # three scattered reads per listed block, was a fifth of SGLang's 4x-load run on the Azure
-        # conversation trace). Counted per node at an eviction (a node's blocks share their holders, so one
-        # release freed them all) and per block at a revival.
+        # conversation trace). Counted per node at an eviction and at a revival (a node's blocks share
+        # their holders, so one release freed them all).
         self.live: dict[int, int] = {}
         self.slack = 65536  # stale listed blocks tolerated beyond the bound (tests set it low: compact often)
 
@@ -131,8 +138,9 @@ class RadixLRU:
         end[c] = e
         self.parent[c] = b
         self.kids[b] = 1
-        ref = self.kv._ref
-        ref[b] = ref[e]  # both halves keep the node's holders
+        ref, rel = self.kv._ref, self.rel
+        ref[b] = ref[e]  # both halves keep the node's holders, and its release while free
+        rel[b] = rel[e]
         if t < 0:
             stamp[b] = stamp[e]
             return
@@ -209,6 +217,7 @@ class RadixLRU:
             self.kids[prev] = 0
             self.stamp[prev] = t3
             self.kv._ref[prev] = 1  # its one holder: the request that computed (or loaded) it
+            self.rel[prev] = 0  # held
             if m:
                 p = blocks[m - 1]
                 self.parent[seg[0]] = p
@@ -233,64 +242,83 @@ class RadixLRU:
 
     # --- release, revive, evict ------------------------------------------------------------
     def next_release(self) -> int:
-        """The number of the next release: its caller marks `rel[b]` with it for each tree block it frees."""
+        """The number of the next release: its caller marks `rel[e]` with it at the end of each node it frees."""
         self.releases += 1
         return self.releases
 
-    def released(self, no: int, run: list[int], leaves: list[int]) -> None:
-        """Release `no` queued these tree blocks (their last holder unlocked them), in this order, at
-        the free queue's end; `leaves` are those among them that end a childless node."""
+    def released(self, no: int, paths: list[tuple[list[int], bool]], count: int, leaves: list[int]) -> None:
+        """Release `no` queued these paths' `count` tree blocks (their nodes' last holder unlocked them, and
+        marked each node's `rel`), in this order, at the free queue's end; `leaves` are the nodes among them
+        that have no child."""
         kv = self.kv
-        if run:
-            kv._free_tree += len(run)
-            self.runs.append((no, run))
-            self.live[no] = len(run)
-            self.listed += len(run)
+        if count:
+            kv._free_tree += count
+            self.runs.append((no, paths))
+            self.live[no] = count
+            self.listed += count
             if self.listed > 4 * kv._free_tree + self.slack:  # mostly stale
                 self._compact_runs()
         for b in leaves:
             self._push_if_leaf(b)
 
+    def _queued_in(self, path: list[int], no: int) -> list[int]:
+        """The blocks of a listed path still queued by release `no`, from the root down: its whole nodes
+        whose `rel` names that release. The path's nodes are walked from its first block (a node's first:
+        nodes only split), and the walk stops at a block that begins no node of the path's blocks: that
+        node was evicted, so were all below it (the tree evicts leaves only), and their blocks now cache
+        something else or nothing."""
+        blocks_of, end, rel = self.blocks_of, self.end, self.rel
+        out: list[int] = []
+        i, n = 0, len(path)
+        while i < n:
+            e = end[path[i]]
+            node = blocks_of.get(e)
+            if node is None:
+                break
+            stop = i + len(node)
+            if node != path[i:stop]:
+                break
+            if rel[e] == no:
+                out += node
+            i = stop
+        return out
+
     def _compact_runs(self) -> None:
         """Drop the runs none of whose blocks is queued (by their counts); if the rest are still mostly
-        stale, keep only their queued blocks (a look at each: amortised O(1) per listed block, as the
+        stale, keep only their queued blocks (a look at each node: amortised O(1) per listed block, as the
         next compaction waits for as many new ones)."""
         kv, live = self.kv, self.live
         kept = []
-        for no, run in self.runs:
+        for no, paths in self.runs:
             if live[no]:
-                kept.append((no, run))
+                kept.append((no, paths))
             else:
                 del live[no]
-        listed = sum([len(run) for _, run in kept])
+        listed = sum([len(p) for _, paths in kept for p, _ in paths])
         if listed > 2 * kv._free_tree + self.slack // 2:
-            kept = [(no, run) for no, run in zip([no for no, _ in kept], self._live_runs(kept))]
+            queued_in = self._queued_in
+            kept = [(no, [(q, back) for q, back in ((queued_in(p, no), back) for p, back in paths) if q])
+                    for no, paths in kept]
             listed = kv._free_tree
         self.runs = kept
         self.listed = listed
 
-    def _live_runs(self, runs: list[tuple[int, list[int]]]) -> list[list[int]]:
-        """Each run's blocks still queued there."""
-        rel = self.rel
-        return [[b for b in run if rel[b] == no] for no, run in runs]
-
     def queued(self) -> Iterator[int]:
         """The free tree blocks in queue order (released first first)."""
-        rel, live = self.rel, self.live
-        for no, run in self.runs:
+        live, queued_in = self.live, self._queued_in
+        for no, paths in self.runs:
             if not live[no]:
                 continue  # none of it is queued any more
-            for b in run:
-                if rel[b] == no:
-                    yield b
+            for path, back in paths:
+                q = queued_in(path, no)
+                yield from (reversed(q) if back else q)
 
-    def revived(self, blocks: list[int]) -> None:
-        """These free tree blocks left the free queue (a request locked them)."""
-        self.kv._free_tree -= len(blocks)
-        live, rel = self.live, self.rel
-        for b in blocks:
-            live[rel[b]] -= 1
-            rel[b] = 0  # held: no release's any more
+    def revive(self, e: int, count: int) -> None:
+        """The free node ending at tree block e (its `count` blocks) left the free queue: a request locked it."""
+        rel = self.rel
+        self.kv._free_tree -= count
+        self.live[rel[e]] -= count
+        rel[e] = 0  # held: no release's any more
 
     def make_uncached(self, num_blocks: int) -> None:
         """Evict until `num_blocks` free blocks cache nothing, or nothing is evictable
@@ -316,18 +344,16 @@ class RadixLRU:
                 continue  # stale
             h = head[b]
             node = blocks_of.pop(b)[::-1]  # the node, last block first
-            live[rel[h]] -= len(node)  # (one release freed the whole node: its blocks share their holders)
+            live[rel[b]] -= len(node)  # (one release freed the whole node: its blocks share their holders)
             if key_of:
                 for x in node:  # (a host tier keeps dropped keys in this order)
                     if own_rid[x] >= 0:
                         own_rid[x] = -1
                     else:
                         kv._drop_key(x)
-                    rel[x] = 0
             else:  # no shared content cached: every tree block is a request's own
                 for x in node:
                     own_rid[x] = -1
-                    rel[x] = 0  # no release's any more (it caches nothing now)
             out += node
             evicted += len(node)
             p = parent[h]
@@ -339,6 +365,19 @@ class RadixLRU:
         self.size -= evicted
         return out
 
+    def free_count(self, path: list[int], n: int) -> int:
+        """How many of path[:n] are free (queued) tree blocks: path is tree blocks from the root, as a
+        prefix hit's are; read node by node."""
+        blocks_of, end, rel = self.blocks_of, self.end, self.rel
+        free = start = 0
+        while start < n:
+            e = end[path[start]]
+            stop = start + len(blocks_of[e])
+            if rel[e]:
+                free += min(stop, n) - start
+            start = stop
+        return free
+
     # --- checking ---------------------------------------------------------------------------
     def check(self) -> None:
         kv = self.kv
@@ -346,10 +385,13 @@ class RadixLRU:
         tree = [self.in_tree(b) for b in range(n)]
         assert self.size == sum(tree), f"tree size {self.size}, {sum(tree)} tree blocks"
         assert kv._free_tree == sum(1 for b in kv.free_order() if tree[b]), "free tree-block count is off"
-        assert self.listed == sum(len(r) for _, r in self.runs), "listed blocks miscounted"
+        assert self.listed == sum(len(p) for _, paths in self.runs for p, _ in paths), "listed blocks miscounted"
         assert sorted(self.live) == sorted(no for no, _ in self.runs), "a run without its count, or a count without its run"
-        for (no, run), queued in zip(self.runs, self._live_runs(self.runs)):
-            assert self.live[no] == len(queued), f"release {no}: {self.live[no]} blocks counted queued, {len(queued)} are"
+        for no, paths in self.runs:
+            queued = sum(len(self._queued_in(p, no)) for p, _ in paths)
+            assert self.live[no] == queued, f"release {no}: {self.live[no]} blocks counted queued, {queued} are"
+        free_nodes = {x for e, node in self.blocks_of.items() if self.rel[e] for x in node}
+        assert set(self.queued()) == free_nodes, "the queued tree blocks are not the free nodes' blocks"
         seen_cached = False
         for b in kv.free_order():  # free blocks caching nothing come first
             if tree[b]:
@@ -367,16 +409,13 @@ class RadixLRU:
             for x in node:
                 assert tree[x] and not covered[x], f"node ending at {e} holds block {x} twice or off the tree"
                 covered[x] = True
-                assert (self.rel[x] != 0) == (kv._ref[e] == 0), f"block {x}: free by `rel`, its node {e} held, or back"
-                if kv._ref[e] == 0:  # (`live` counts an eviction per node)
-                    assert self.rel[x] == self.rel[e], f"blocks {x} and {e} of one free node were freed apart"
+            assert (self.rel[e] != 0) == (kv._ref[e] == 0), f"node ending at {e}: free by `rel`, held by its count, or back"
             p = parent[h]
             if p >= 0:
                 assert tree[p] and p in self.blocks_of, f"node ending at {e} hangs under block {p}, not a node's end"
                 kids[p] += 1
                 assert kv._ref[p] >= kv._ref[e], f"block {e} held by more requests than its parent {p}"
         assert all(covered[b] == tree[b] for b in range(n)), "a tree block belongs to no node"
-        assert all(self.rel[b] == 0 for b in range(n) if not tree[b]), "a block caching nothing names a release"
         heap = set(self.heap)
         for e in ends:
             assert kids[e] == self.kids[e], f"block {e}: {self.kids[e]} children counted, {kids[e]} found"
