@@ -339,6 +339,16 @@ class BlockManager:
             path += self._own_hits(state, j, cap)
         radix.touch(path)
 
+    def touch_all(self, lookups: list[tuple[RequestState, int]]) -> None:
+        """`touch` for each (request, tokens) lookup, in order; a request that can hit nothing (`may_hit`) is
+        skipped without a call (a cache-aware order looks its whole queue up at every plan)."""
+        if self._radix is None or not self.enable_prefix_caching:
+            return
+        touch = self.touch
+        for s, n in lookups:
+            if s.req.prefix_hashes or s._past_blocks:
+                touch(s, n)
+
     def register(self, state: RequestState, num_tokens: int) -> None:
         """Cache the request's blocks that its first `num_tokens` tokens fill (called when the
         tokens are scheduled, as vLLM's allocate_slots does)."""

@@ -352,8 +352,7 @@ class StepLoop:
         radix tree); without a list from the policy, each admission's own lookup."""
         kv = self.kv
         if plan.touch is not None:
-            for s, n in plan.touch:
-                kv.touch(s, n)
+            kv.touch_all(plan.touch)
         else:
             for s, n in plan.items:
                 if s.status is _WAITING:

@@ -107,6 +107,14 @@ class SchedulerView:
             return self._kv.match_prefix(s)
         return 0
 
+    def prefix_hits(self, states: list[RequestState]) -> list[int]:
+        """`prefix_hit_tokens` of each request, in one call (a cache-aware order asks it of its whole queue
+        at every plan): a request that can hit nothing (`may_hit`: no shared prefix, never held a block) is
+        not looked up."""
+        kv, waiting = self._kv, Status.WAITING
+        match, may_hit = kv.match_prefix, kv.may_hit
+        return [match(s) if s.status is waiting and not s.blocks and may_hit(s) else 0 for s in states]
+
     def block_keys(self, s: RequestState) -> tuple[int, ...]:
         """Content keys of the request's full blocks inside its trace's shared prefix: two
         requests' blocks at one index hold the same tokens when their keys are equal."""

@@ -199,6 +199,8 @@ def dfs_weight_order(queue, hit_of, created=None) -> list:
     Equal weights keep the radix tree's child order, the order the children were inserted
     (`created`: prefix-chain key -> insertion rank, kept by SGLangPolicy._note_inserted);
     children not in it come after, in queue order."""
+    if not any([hit_of[s.id] for s in queue]):
+        return list(queue)  # nothing cached: every request at the root, in queue order (its own requests come last)
     created = created or {}
     inf = float("inf")
     paths = []
@@ -331,8 +333,8 @@ class SGLangPolicy(BasePolicy):
         if policy in ("lpm", "dfs_weight"):
             # _compute_prefix_matches (P L346-360) looks every waiting request up, in queue order,
             # before sorting: each lookup re-stamps its cached path (its whole sequence, no one-token cap)
-            self._lookups.extend((s, s.known_len) for s in queue)
-            hit_of = {s.id: view.prefix_hit_tokens(s) for s in queue}
+            self._lookups += [(s, s.req.prompt_len + s.num_generated) for s in queue]  # (known_len)
+            hit_of = dict(zip(map(_RID, queue), view.prefix_hits(queue)))
             if policy == "lpm":
                 back = in_batch_deprioritized(queue, hit_of)
                 queue.sort(key=lambda s: float("inf") if s.id in back else -hit_of[s.id])
