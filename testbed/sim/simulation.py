@@ -248,10 +248,11 @@ class Simulation:
                 self._step_end[i] = batch.ends[-1]
                 yield env.timeout(batch.ends[-1] - env.now)
                 if self._fold_held:  # as the folded step's plan at its start delivered them
-                    held, start = self._held[i], batch.ends[-2]
-                    for req in held[:self._fold_held]:
+                    # (not `held`: that local is a bool, and the mypyc build checks its type)
+                    held_reqs, start = self._held[i], batch.ends[-2]
+                    for req in held_reqs[:self._fold_held]:
                         loop.arrive(req, start)
-                    del held[:self._fold_held]
+                    del held_reqs[:self._fold_held]
             else:
                 self._step_end[i] = env.now + step_time(batch.shape)
                 yield env.timeout(self._step_end[i] - env.now)
