@@ -823,16 +823,23 @@ class KVPreview:
             if state is None:
                 self._take(n)
             elif state is _ITEMS:  # every running request of the step: `_take` and `_register` inlined
+                # their blocks taken in one `_take` (nothing is touched between two of them, so it takes the same
+                # blocks), and the keys of a request only looked at while it has shared keys not cached yet
                 caching, new = kv.enable_prefix_caching, self._new
+                need = 0
                 for s, k in n:
-                    need = -(-(s.num_computed + k) // bs) - len(s.blocks)  # kv.blocks_needed
-                    if need > 0:
-                        self._take(need)
+                    upto = s.num_computed + k
+                    more = -(-upto // bs) - len(s.blocks)  # kv.blocks_needed
+                    if more > 0:
+                        need += more
                     if caching:
-                        keys = kv.prefix_keys(s)
-                        end = min(len(keys), (s.num_computed + k) // bs)
-                        if s.num_cached_blocks < end:
-                            new.update(keys[s.num_cached_blocks:end])
+                        keys = s._block_keys  # kv.prefix_keys(s), read inline where known
+                        if keys is None:
+                            keys = kv.prefix_keys(s)
+                        cached = s.num_cached_blocks
+                        if len(keys) > cached and upto // bs > cached:
+                            new.update(keys[cached:upto // bs])
+                self._take(need)
             elif admitted is None:
                 self._take(kv.blocks_needed(state, n))
                 self._register(state, state.num_cached_blocks, state.num_computed + n)
