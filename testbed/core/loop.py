@@ -324,7 +324,9 @@ class StepLoop:
                     cache_decode or s.req.prompt_len + s.num_generated - offset > 1 or s.num_generated == 0):
                 if cache_decode:
                     if in_flight is not None and s in in_flight:  # async: its last token is not back yet
-                        kv.register(s, min(upto, s.req.prompt_len + s.num_generated - 1))
+                        last = min(upto, s.req.prompt_len + s.num_generated - 1)
+                        if last // bs > s.num_cached_blocks:  # else nothing new: register would return at once
+                            kv.register(s, last)
                     else:
                         kv.register(s, upto)  # cached when scheduled, as vLLM's allocate_slots does
                 else:
@@ -477,7 +479,9 @@ class StepLoop:
                     kv.allocate(s, 1)
                 if upto // bs > s.num_cached_blocks and (cache_decode or s.is_prefill):
                     if in_flight is not None:  # every item sampled in the run's last step
-                        kv.register(s, min(upto, s.req.prompt_len + s.num_generated - 1))
+                        last = min(upto, s.req.prompt_len + s.num_generated - 1)
+                        if last // bs > s.num_cached_blocks:  # else nothing new: register would return at once
+                            kv.register(s, last)
                     elif cache_decode:
                         kv.register(s, upto)
                     else:
@@ -621,10 +625,10 @@ class StepLoop:
         in it and was not preempted by that schedule caches the blocks its computed tokens fill."""
         kv = self.kv
         bs = kv.block_size
-        for s in self.in_flight:
-            if s.blocks and (s.status is _RUNNING or s.status is _FINISHED):
-                if s.num_computed // bs > s.num_cached_blocks:
-                    kv.register(s, s.num_computed)
+        for s in self.in_flight:  # the block test first: most fail it (a preempted one, holding none, too)
+            if s.num_computed // bs > s.num_cached_blocks and s.blocks and (
+                    s.status is _RUNNING or s.status is _FINISHED):
+                kv.register(s, s.num_computed)
         self.in_flight = None  # the next step's completion makes its own
 
     def _free_finishing(self) -> None:
