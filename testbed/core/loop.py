@@ -517,11 +517,12 @@ class StepLoop:
             computed = s.num_computed + n
             s.num_computed = computed
             req = s.req
-            if computed == req.prompt_len + s.num_generated:
+            generated = s.num_generated
+            if computed == req.prompt_len + generated:
                 if in_flight is not None:
                     in_flight.add(s)
                 # record_token(s, now, self.itl), inlined: once per request per step
-                generated = s.num_generated + 1
+                generated += 1
                 s.num_generated = generated
                 if s.first_token_time < 0:
                     s.first_token_time = now
@@ -648,11 +649,11 @@ class StepLoop:
         bad token count, 2.0, must reach the check, not fail the compiled build's type check.)"""
         if len(items) > self.limits.max_num_seqs:
             return False
-        live = self.live
+        get = self.live.get
         total = 0
         for s, n in items:
             req = s.req
-            if live.get(req.id) is not s or type(n) is not int or n < 1:
+            if get(req.id) is not s or type(n) is not int or n < 1:
                 return False
             known = req.prompt_len + s.num_generated
             if n > (known - s.num_computed if (s.blocks or s.status is _SWAPPED) else known):

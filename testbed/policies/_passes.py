@@ -69,7 +69,8 @@ def run_running(view, plan: Plan, order: list[RequestState], b: StepBudget, mode
     tokens, free = b.tokens, b.free_blocks
     while i < last and tokens > 0:
         s = order[i]
-        if s.status is _FINISHED:  # finished in the step before, outputs not back (async scheduling): skipped,
+        status = s.status  # read once (a policy's `want` reads, never writes, it)
+        if status is _FINISHED:  # finished in the step before, outputs not back (async scheduling): skipped,
             i += 1  # holding its seat and blocks (vLLM 0.32 scheduler.py L664-676); still a possible victim
             continue
         computed = s.num_computed
@@ -78,7 +79,7 @@ def run_running(view, plan: Plan, order: list[RequestState], b: StepBudget, mode
             n = tokens
         if cap and n > cap:
             n = cap
-        if s.status is _RUNNING:
+        if status is _RUNNING:
             need = -(-(computed + n) // bs) - len(s.blocks)
             if need < 0:
                 need = 0
