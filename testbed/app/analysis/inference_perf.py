@@ -74,13 +74,31 @@ def pooled_percentiles(values: np.ndarray, zeros: int, qs: tuple[float, ...]) ->
     return out
 
 
-def client_figures(rows: pd.DataFrame, per_token: int | None) -> dict[str, float]:
+def token_gaps(rows: pd.DataFrame) -> np.ndarray | None:
+    """The stamp gaps of `rows` (finished requests of a simulated run) that may not be 0, pooled: between
+    consecutive tokens (every token is delivered alike after the engine made it), and from the last token to
+    the closing messages (the front end's completion time); a request's other stamps - 1 gaps are 0. None
+    where a row has no `token_times`. Their order carries no figure (only percentiles are taken of them), so
+    the gaps of a run's parts, joined, are the whole run's."""
+    if "token_times" not in rows or rows["token_times"].isna().any():
+        return None
+    span = rows["e2el_ms"].to_numpy(dtype=float) / 1e3 - rows["ttft_ms"].to_numpy(dtype=float) / 1e3  # client_figures'
+    times = rows["token_times"].tolist()
+    lengths = np.fromiter(map(len, times), dtype=np.int64, count=len(times))
+    flat = np.fromiter(chain.from_iterable(times), dtype=float, count=int(lengths.sum()))
+    ends = np.cumsum(lengths)
+    within = np.delete(np.diff(flat), ends[:-1] - 1)  # drop the jumps from one request to the next
+    last = np.maximum(span - (flat[ends - 1] - flat[ends - lengths]), 0.0)  # rounding: never below 0
+    return np.concatenate([within, last])
+
+
+def client_figures(rows: pd.DataFrame, per_token: int | None, gaps: np.ndarray | None = None) -> dict[str, float]:
     """The load generator's figures, in seconds, over `rows` (finished requests of a simulated run:
     `ttft_ms`, `e2el_ms`, `output_len` and, for the inter-token percentiles, `token_times`, the engine's
     time of each token): ttft, e2e, their medians (`ttft_p50`, `e2e_p50`: numpy's median, as the load
     generator's) and TAIL_PERCENTILES (`ttft_p90`, ...), and with `per_token`
     stamped messages per token, `itl` (the pooled gaps' mean), `itl_p90`, `itl_p99` and `stream_tpot`
-    (the mean time_per_output_token)."""
+    (the mean time_per_output_token). `gaps`: `token_gaps(rows)` where the caller has them already."""
     out: dict[str, float] = {}
     if not len(rows):
         return out
@@ -96,18 +114,10 @@ def client_figures(rows: pd.DataFrame, per_token: int | None) -> dict[str, float
     span = e2e - ttft  # last stamp - first stamp: the first token's delivery to the response's end
     out["stream_tpot"] = float(np.mean(span / (stamps - 1)))
     out["itl"] = float(span.sum() / (stamps - 1).sum())
-    if "token_times" not in rows or rows["token_times"].isna().any():
-        return out
-    # the gaps that may not be 0: between consecutive tokens (every token is delivered alike after the
-    # engine made it), and from the last token to the closing messages (the front end's completion time);
-    # a request's other stamps - 1 gaps are 0
-    times = rows["token_times"].tolist()
-    lengths = np.fromiter(map(len, times), dtype=np.int64, count=len(times))
-    flat = np.fromiter(chain.from_iterable(times), dtype=float, count=int(lengths.sum()))
-    ends = np.cumsum(lengths)
-    within = np.delete(np.diff(flat), ends[:-1] - 1)  # drop the jumps from one request to the next
-    last = np.maximum(span - (flat[ends - 1] - flat[ends - lengths]), 0.0)  # rounding: never below 0
-    gaps = np.concatenate([within, last])
+    if gaps is None:
+        gaps = token_gaps(rows)
+        if gaps is None:
+            return out
     zeros = int((stamps - 1).sum()) - len(gaps)
     for q, p in zip(TAIL_PERCENTILES, pooled_percentiles(gaps, zeros, TAIL_PERCENTILES)):
         out[f"itl_p{q}"] = p

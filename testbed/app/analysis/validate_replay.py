@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from testbed.app.analysis.inference_perf import client_figures, messages_per_token
+from testbed.app.analysis.inference_perf import client_figures, messages_per_token, token_gaps
 from testbed.app.analysis.real_runs import RealRun
 from testbed.core.request import Request
 from testbed.traces.shared_prefix import shared_prefix_requests
@@ -120,14 +120,18 @@ def _workload(num_groups: int, prompts_per_group: int, system_prompt_len: int, q
     return tuple(requests), tuple(starts)
 
 
-def _figures(rows, n_out: int, per_token: int | None) -> tuple[dict, bool]:
-    """The simulated figures of `rows` (a stage's or the run's requests) and whether none finished."""
+def _figures(rows, n_out: int, per_token: int | None, gaps: np.ndarray | None = None
+             ) -> tuple[dict, bool, np.ndarray | None]:
+    """The simulated figures of `rows` (a stage's or the run's requests), whether none finished, and their
+    finished requests' token gaps (`token_gaps`; `gaps`: those, known already)."""
     done = rows[rows["outcome"] == "finished"]
     if not len(done):
-        return {m: math.nan for m in ("ttft", "e2e", "tpot")}, True
-    sim = client_figures(done, per_token)
+        return {m: math.nan for m in ("ttft", "e2e", "tpot")}, True, np.empty(0)
+    if gaps is None:
+        gaps = token_gaps(done)
+    sim = client_figures(done, per_token, gaps)
     sim["tpot"] = (sim["e2e"] - sim["ttft"]) / max(n_out - 1, 1)
-    return sim, False
+    return sim, False, gaps
 
 
 def _real(measured: dict, n_out: int) -> dict:
@@ -154,10 +158,12 @@ def simulate_run(cfg: DictConfig, run: RealRun, values: dict[str, float] | None 
     n_out = run.workload.output_len
     out = []
     bounds = starts + [len(requests)]
+    parts = []  # each stage's token gaps: the stages split the table, so theirs joined are the whole run's
     for k, stage in enumerate(run.stages):
         rows = table.iloc[bounds[k]:bounds[k + 1]]
         per_token = messages_per_token(stage.measured, n_out)
-        sim, none_done = _figures(rows, n_out, per_token)
+        sim, none_done, gaps = _figures(rows, n_out, per_token)
+        parts.append(gaps)
         if none_done:
             sim_over = True
         else:
@@ -169,7 +175,9 @@ def simulate_run(cfg: DictConfig, run: RealRun, values: dict[str, float] | None 
     whole = None
     if run.whole is not None:
         per_token = messages_per_token(run.whole, n_out)
-        sim, _ = _figures(table, n_out, per_token)
+        known = (np.concatenate(parts) if all(g is not None for g in parts) and bounds[0] == 0
+                 and bounds[-1] == len(table) else None)
+        sim, _, _ = _figures(table, n_out, per_token, known)
         whole = StageResult(run.name, run.model_name, None, math.nan, any(s.overloaded for s in out),
                             any(s.sim_overloaded for s in out), _real(run.whole, n_out), sim, per_token)
     return RunReplay(out, whole)
