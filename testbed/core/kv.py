@@ -341,12 +341,12 @@ class BlockManager:
 
     def touch_all(self, lookups: list[tuple[RequestState, int]]) -> None:
         """`touch` for each (request, tokens) lookup, in order; a request that can hit nothing (`may_hit`) is
-        skipped without a call (a cache-aware order looks its whole queue up at every plan)."""
-        if self._radix is None or not self.enable_prefix_caching:
+        skipped before the call (a cache-aware order looks its whole queue up at every plan)."""
+        if self._radix is None:
             return
-        touch = self.touch
+        touch, may_hit = self.touch, self.may_hit
         for s, n in lookups:
-            if s.req.prefix_hashes or s._past_blocks:
+            if may_hit(s):
                 touch(s, n)
 
     def register(self, state: RequestState, num_tokens: int) -> None:

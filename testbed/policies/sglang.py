@@ -333,7 +333,7 @@ class SGLangPolicy(BasePolicy):
         if policy in ("lpm", "dfs_weight"):
             # _compute_prefix_matches (P L346-360) looks every waiting request up, in queue order,
             # before sorting: each lookup re-stamps its cached path (its whole sequence, no one-token cap)
-            self._lookups += [(s, s.req.prompt_len + s.num_generated) for s in queue]  # (known_len)
+            self._lookups += [(s, s.known_len) for s in queue]
             hit_of = dict(zip(map(_RID, queue), view.prefix_hits(queue)))
             if policy == "lpm":
                 back = in_batch_deprioritized(queue, hit_of)
