@@ -194,14 +194,14 @@ def session_requests(specs, grid: float | None):
 
 
 def closed_replay(reqs, policy, router, knobs, replicas, num_blocks, cost, per_replica_runs, cache_decode,
-                  think_time_s=None, async_scheduling=False):
+                  think_time_s=None, async_scheduling=False, fast_forward=True):
     from testbed.sim.sessions import ClosedLoopSessions
 
     rec = Recorded(make_router(router, **knobs))
     sim = Simulation(reqs, lambda: StepLoop(make_policy(policy), BlockManager(num_blocks, 4, True, 0, cache_decode),
                                             SchedulerLimits(64, 6, 10_000), cost, record_token_times=True),
                      cost, replicas, rec, per_replica_runs=per_replica_runs, async_scheduling=async_scheduling,
-                     sessions=ClosedLoopSessions(reqs, think_time_s))
+                     sessions=ClosedLoopSessions(reqs, think_time_s), fast_forward=fast_forward)
     out = sim.run()
     return sim, out, rec.picks
 
@@ -215,7 +215,8 @@ def closed_replay(reqs, policy, router, knobs, replicas, num_blocks, cost, per_r
 def test_closed_loop_runs_cut_only_by_their_own_arrivals_change_no_result(specs, router, policy, replicas, num_blocks,
                                                                           tied, cache_decode, think, async_scheduling):
     """Closed-loop sessions: a run that other replicas' step ends no longer cut gives every result of
-    the old structure (each replica's run ended at every other replica's step end), ties included."""
+    the old structure (each replica's run ended at every other replica's step end), ties included, and
+    of planning every step (which no bound on the next turn's arrival shapes: `_next_possible_arrival`)."""
     cost = FixedCost(0.25, 0.0) if tied else FixedCost(0.01, 0.0005)
     reqs = session_requests(specs, 0.25 if tied else None)
     name, knobs = router
@@ -226,6 +227,16 @@ def test_closed_loop_runs_cut_only_by_their_own_arrivals_change_no_result(specs,
     assert results(new, new_picks) == results(old, old_picks)
     assert [r.id for r in new.not_arrived] == [r.id for r in old.not_arrived]
     assert plans(new) <= plans(old)
+    _, stepped, stepped_picks = closed_replay(reqs, policy, name, knobs, replicas, num_blocks, cost, False, cache_decode,
+                                              think, async_scheduling, fast_forward=False)
+    assert _timings(results(new, new_picks)) == _timings(results(stepped, stepped_picks))
+
+
+def _timings(res):
+    """`results` but the free queue's order: a run takes its blocks in one pass, in batch order, where steps
+    planned one by one take them step by step, so block ids differ (no time does)."""
+    picks, per_loop, end = res
+    return picks, [loop[:2] + loop[3:] for loop in per_loop], end
 
 
 def test_busy_closed_loop_replicas_plan_fewer_times_with_the_same_results():

@@ -226,17 +226,39 @@ class DeferredRun:
 class WindowedRun(DeferredRun):
     """A decode run on several replicas whose old windows cannot be replayed from the deliveries alone:
     under closed-loop sessions the old planner ended a window at every other replica's step end (a finish
-    there may release a turn here at once); under async scheduling an arrival held back past a window's
+    there may release a turn here at once), but for the steps that end before any turn can arrive; under async scheduling an arrival held back past a window's
     cut reaches the loop after the next plan. So the simulator keeps one timeout per old window
     (each scheduled when and for where the old one was, so every tie falls as before) and plans the
     next window at each (`plan_window`), without planning the batch or completing its steps."""
 
-    __slots__ = ()
+    __slots__ = ("_clear_until",)
 
-    def plan_window(self, next_arrival: float) -> None:
+    def __init__(self, loop: StepLoop, batch: Batch, log: DeliveryLog, next_arrival: float,
+                 more: tuple | None = None, clear_until: float = -_INF):
+        self._clear_until = clear_until  # (read by the first window's plan, in the base __init__)
+        super().__init__(loop, batch, log, next_arrival, more)
+
+    def _plan(self, first: int, next_arrival: float, delivery: int, first_step_taken: bool = False) -> None:
+        if first_step_taken and self._clear_until > next_arrival:  # the first window (`plan_window` widens the rest)
+            next_arrival = self._widened(first, next_arrival, self._clear_until)
+        super()._plan(first, next_arrival, delivery, first_step_taken)
+
+    def _widened(self, first: int, next_arrival: float, clear_until: float) -> float:
+        """`next_arrival` moved to the end of the last step from `first` on that ends before `clear_until`
+        (the steps through it start before that), where that is later."""
+        if not self.complete and self.ends[-1] < clear_until:
+            self.extend(clear_until)
+        m = bisect_left(self.ends, clear_until, first, self.k) - 1  # the last step ending before it
+        return self.ends[m] if m >= first and self.ends[m] > next_arrival else next_arrival
+
+    def plan_window(self, next_arrival: float, clear_until: float = -_INF) -> None:
         """The old planner at the end of the window in flight: the next window's steps start before
-        `next_arrival` (`_plan`; the caller has summed the run past the window in flight)."""
+        `next_arrival` (`_plan`; the caller has summed the run past the window in flight). Closed loop: no turn
+        arrives before `clear_until`, so the steps that end before it join the window too; no arrival can meet
+        them, not even in a tie at their end (whose order would depend on when each timeout was scheduled)."""
         first = self.hi + 1
+        if clear_until > next_arrival:
+            next_arrival = self._widened(first, next_arrival, clear_until)
         if self.ends[first] >= next_arrival:  # one step (most windows): `_plan`'s outcome, without its search
             heap = self._heap
             if heap and heap[0][0] <= first:  # `_take`'s own test, before the call: most windows take nothing

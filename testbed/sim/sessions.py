@@ -42,6 +42,9 @@ class ClosedLoopSessions:
             else:
                 self.roots.append(r)
         self._parent_arrival = {pid: present[pid].arrival for pid in self.children}
+        # no turn comes sooner after its parent's finish than this (the least think time of all turns held):
+        # the simulator's bound on when a replica's step end can bring a turn anywhere
+        self.min_think = min((self.think(c) for turns in self.children.values() for c in turns), default=0.0)
 
     def think(self, child: Request) -> float:
         if child.think_time >= 0:

@@ -47,6 +47,7 @@ taken. The results are bit-identical to the old structure (`per_replica_runs=Fal
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from dataclasses import replace
 from functools import partial
 from typing import Callable, Sequence
@@ -102,6 +103,7 @@ class Simulation:
         self._step_end = [0.0] * replicas  # closed loop: when each replica's step (or run) in flight ends
         if sessions is not None:
             self.requests = sessions.roots
+        self._think_floor = 0.5 * sessions.min_think if sessions is not None else 0.0
         # several replicas, open loop: a replica's decode run is cut only by the arrivals routed to it
         # (testbed/sim/decode_runs.py); a policy's arrival hook would see the run's progress, so not then,
         # nor with async scheduling (an arrival held back past a run's cut is not replayed yet)
@@ -215,12 +217,12 @@ class Simulation:
                 self._in_step[i] = False
                 loop.complete(batch, env.now)
                 continue
-            next_arrival = self._next_arrival() if self.sessions is None else self._next_possible_arrival(i)
+            next_arrival, clear_until = (self._next_arrival(), -_INF) if self.sessions is None else self._turn_bounds(i)
             # (not after an arrival held back: the plan was steady without it, the next one may not be)
-            if self._windowed_runs and not held and self._defer_windowed_run(i, batch, next_arrival):
+            if self._windowed_runs and not held and self._defer_windowed_run(i, batch, next_arrival, clear_until):
                 run = self._runs[i]
                 step_end, timeout, stop = self._step_end, env.timeout, self._stop
-                next_arrival_for = self._next_arrival if self.sessions is None else partial(self._next_possible_arrival, i)
+                bounds = (lambda: (self._next_arrival(), -_INF)) if self.sessions is None else partial(self._turn_bounds, i)
                 while True:  # one timeout per old window, where the old planner's window ended (the hottest loop
                     # of a closed-loop run: one pass per step of every replica)
                     step_end[i] = end = run.ends[run.hi]
@@ -233,7 +235,7 @@ class Simulation:
                         run.extend(end)  # the steps summed so far are done: sum more
                         if run.hi >= run.k - 1:
                             break
-                    run.plan_window(next_arrival_for())
+                    run.plan_window(*bounds())
                 self._runs[i] = None
                 self._in_step[i] = False
                 loop.complete(batch, env.now)
@@ -241,6 +243,8 @@ class Simulation:
                     self._release_turns(batch)
                 continue
             self._fold_held = 0
+            if clear_until > next_arrival and self.fast_forward and not held:
+                next_arrival = self._widened(loop, batch, next_arrival, clear_until)
             # (nor after an arrival held back, for the same reason: a policy whose steadiness ignores its
             # queue, such as orca's, would run on past the plan that admits it)
             if self.fast_forward and not held and loop.extend_decode_run(batch, step_time, next_arrival, self._horizon,
@@ -260,6 +264,18 @@ class Simulation:
             loop.complete(batch, env.now)
             if self.sessions is not None and self.sessions.children:
                 self._release_turns(batch)
+
+    def _widened(self, loop: StepLoop, batch, next_arrival: float, clear_until: float) -> float:
+        """Closed loop, a run planned whole: `next_arrival` moved to the end of its last step that ends before
+        `clear_until`, where that is later (as `WindowedRun.plan_window` widens a window: no turn can meet
+        those steps). The run's steps are summed once to find it, and summed again by the caller."""
+        if not loop.extend_decode_run(batch, self.cost_model.step_time, clear_until, self._horizon, allocate=False):
+            return next_arrival
+        ends = batch.ends
+        batch.ends = None  # (as `_sum_run` undoes a trial run)
+        loop.series.steps[-1] = 1
+        m = bisect_left(ends, clear_until) - 1
+        return ends[m] if m >= 0 and ends[m] > next_arrival else next_arrival
 
     def _one_past(self, start: float, end: float) -> bool:
         """May a run stopped by an arrival take the step from `start` to `end` (`StepLoop.extend_decode_run`)?
@@ -290,23 +306,30 @@ class Simulation:
         t = self.requests[self._delivered].arrival if self._delivered < len(self.requests) else float("inf")
         return min(t, self._releases[0]) if self._releases else t
 
-    def _next_possible_arrival(self, i: int) -> float:
-        """Closed loop: the earliest time a request may reach replica i. Besides the known arrivals,
-        a turn is released no earlier than its parent's finish, which on another replica happens at
-        the end of its step in flight, or (one with work about to plan) from now on."""
+    def _turn_bounds(self, i: int) -> tuple[float, float]:
+        """Closed loop: the earliest time a request may be released to replica i, and the earliest it may
+        arrive there. Besides the known arrivals, a turn is released no earlier than its parent's finish,
+        which on another replica happens at the end of its step in flight, or (one with work about to plan)
+        from now on; it arrives after its think time, no sooner than half the least think time of the turns
+        held (half: a clock time an ulp short of a step's end cannot bring it before the bound). A run's
+        steps that end before the second need no window of their own (`WindowedRun.plan_window`): other
+        replicas' step ends used to cut one at each."""
         t = self.requests[self._delivered].arrival if self._delivered < len(self.requests) else _INF
         if self._releases and self._releases[0] < t:  # `_next_arrival`, inlined: this runs at every window
             t = self._releases[0]
         if self.sessions.children:
-            in_step, step_end = self._in_step, self._step_end
+            in_step, step_end, released = self._in_step, self._step_end, t
             for j, loop in enumerate(self.loops):
                 if j != i:
                     if in_step[j]:
-                        if step_end[j] < t:
-                            t = step_end[j]
+                        if step_end[j] < released:
+                            released = step_end[j]
                     elif loop.live:  # has_work
-                        return self.env.now
-        return t
+                        released = self.env.now
+                        break
+            if released < t:
+                return released, min(t, released + self._think_floor)
+        return t, t
 
     def _no_more_arrivals(self, i: int) -> bool:
         """Nothing can arrive any more: the trace is delivered and (closed loop) no turn is on its way
@@ -371,11 +394,11 @@ class Simulation:
         self._run_end_at[i] = run.ends[-1]
         return True
 
-    def _defer_windowed_run(self, i: int, batch, next_arrival: float) -> bool:
+    def _defer_windowed_run(self, i: int, batch, next_arrival: float, clear_until: float) -> bool:
         """Closed loop, or async scheduling: start a decode run that other replicas' step ends or arrivals no
         longer cut (one plan and one completion), its old windows replayed as they are reached
-        (`WindowedRun`): the first one's steps start before `next_arrival`, each next one's before the next
-        (closed loop: possible) arrival at its start.
+        (`WindowedRun`): the first one's steps start before `next_arrival` (or end before `clear_until`), each
+        next one's before the next (closed loop: possible) arrival at its start.
         Only where the run as a whole is one (steady, its KV growth to its first finish fits) and
         deferrable; else the old window is planned as before."""
         loop = self.loops[i]
@@ -383,7 +406,7 @@ class Simulation:
         ok, more = self._sum_run(loop, batch, lookahead)
         if not ok:
             return False
-        self._runs[i] = WindowedRun(loop, batch, self._log, next_arrival, more)
+        self._runs[i] = WindowedRun(loop, batch, self._log, next_arrival, more, clear_until)
         return True
 
     def _sum_run(self, loop, batch, lookahead: float) -> tuple[bool, tuple | None]:
