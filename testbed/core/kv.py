@@ -12,10 +12,10 @@ against the cache as its plan's earlier items will leave it.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from itertools import chain
 from typing import Iterable, Iterator
 
+from testbed.core.free_queue import FreeQueue
 from testbed.core.radix_lru import RadixLRU
 from testbed.core.request import Request, RequestState
 
@@ -113,13 +113,13 @@ class BlockManager:
         self._ref = [0] * num_blocks
         # The free queue (every block no request holds, the next allocated first) in two parts: `_front`,
         # the blocks queued at its front, which cache nothing, as a stack (the queue's head is its last
-        # item), then `_queue`, the rest, cached or not, LRU first. The front is where the common
-        # case lives (every block at the start, a request's uncached blocks when it leaves, and every
-        # block of a cache that keeps none): a run of them is taken or returned in one list slice, not
-        # one OrderedDict call per block (page size 1 makes every token a block). A cached block is
-        # never in `_front`, so a hit revives it from `_queue`.
+        # item), then `_queue`, the rest, cached or not, LRU first (testbed/core/free_queue.py). The front is
+        # where the common case lives (every block at the start, a request's uncached blocks when it leaves,
+        # and every block of a cache that keeps none): a run of them is taken or returned in one list slice
+        # (page size 1 makes every token a block). A cached block is never in `_front`, so a hit revives it
+        # from `_queue`.
         self._front: list[int] = list(range(num_blocks - 1, -1, -1))
-        self._queue: OrderedDict[int, None] = OrderedDict()
+        self._queue = FreeQueue()
         # SGLang's mode queues its free tree blocks behind `_front` per release, not per block
         # (RadixLRU.runs: page size 1 would make every token an OrderedDict entry); their count:
         self._free_tree = 0
@@ -147,11 +147,11 @@ class BlockManager:
     # --- capacity -------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._front) + len(self._queue) + self._free_tree
+        return len(self._front) + self._queue.n + self._free_tree
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._front) - len(self._queue) - self._free_tree
+        return self.num_blocks - len(self._front) - self._queue.n - self._free_tree
 
     def free_order(self) -> Iterator[int]:
         """The free queue from its head (the next block allocated) to its tail."""
@@ -167,7 +167,7 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._front) + len(self._queue) + self._free_tree
+        return num_blocks <= len(self._front) + self._queue.n + self._free_tree
 
     def blocks_needed(self, state: RequestState, num_new_tokens: int) -> int:
         return max(0, self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks))
@@ -311,7 +311,7 @@ class BlockManager:
             # a hit block's first holder (`_hit_block`; a shared-prefix block's straight off the cache)
             b = cached[keys[i]][0] if i < nk else own[i - nk]
             if ref[b] == 0:
-                del queue[b]
+                queue.remove(b)
             ref[b] += 1
             state.blocks.append(b)
         self.hit_tokens += hit * self.block_size
@@ -463,15 +463,15 @@ class BlockManager:
         need = self._grab_front(blocks, need)
         if not need:
             return
-        pop, ref, own_rid, key_of, append = self._queue.popitem, self._ref, self._own_rid, self._key_of, blocks.append
-        for _ in range(need):  # once per block of every request: bound methods, positional `last`
-            b = pop(False)[0]  # not `b, _ =`: the compiled build (setup.py) types `_` as the loop's int
+        run = self._queue.take(need)
+        ref, own_rid, key_of = self._ref, self._own_rid, self._key_of
+        for b in run:  # once per block of every request
             if own_rid[b] >= 0:
                 own_rid[b] = -1
             elif b in key_of:
                 self._drop_key(b)
             ref[b] = 1
-            append(b)
+        blocks += run
 
     def _grab_front(self, blocks: list[int], need: int) -> int:
         """Append up to `need` blocks from the front (they cache nothing: no eviction) to `blocks`,
@@ -518,7 +518,7 @@ class BlockManager:
         need = self.blocks_for(state.num_computed + num_new_tokens) - len(state.blocks)
         if need <= 0:
             return
-        if need > len(self._front) + len(self._queue) + self._free_tree:
+        if need > len(self._front) + self._queue.n + self._free_tree:
             raise KVCapacityError(f"needed {need} KV blocks, {self.num_free_blocks} free")
         front = self._front
         if need == 1 and front:  # a decode step's one block (page size 1: every step), without the calls
@@ -537,7 +537,7 @@ class BlockManager:
         False, changing nothing, when the free blocks do not cover them all."""
         bs = self.block_size
         needs = [-(-(s.num_computed + k) // bs) - len(s.blocks) for s in states]
-        if sum([n for n in needs if n > 0]) > len(self._front) + len(self._queue) + self._free_tree:
+        if sum([n for n in needs if n > 0]) > len(self._front) + self._queue.n + self._free_tree:
             return False
         if self._radix is not None:  # SGLang's mode: each request's blocks as `allocate` takes them
             for s, need in zip(states, needs):
@@ -547,7 +547,7 @@ class BlockManager:
         # `_grab` and `register`'s tagging of a request's own blocks, inlined (a request mostly takes
         # 0 or 1 block here, so the calls would cost more than the work); blocks inside a shared
         # prefix, and a subclass's own register, take the calls
-        pop, ref, own_rid, key_of = self._queue.popitem, self._ref, self._own_rid, self._key_of
+        take, ref, own_rid, key_of = self._queue.take, self._ref, self._own_rid, self._key_of
         caching = self.enable_prefix_caching  # holder counts kept (see __init__)
         tag = self.cache_decode and caching
         inline_register = type(self).register is BlockManager.register
@@ -563,15 +563,15 @@ class BlockManager:
                     need = 0
                 else:
                     need = self._grab_front(blocks, need)
-            while need > 0:
-                b = pop(last=False)[0]
-                if own_rid[b] >= 0:
-                    own_rid[b] = -1
-                elif b in key_of:
-                    self._drop_key(b)
-                ref[b] = 1
-                blocks.append(b)
-                need -= 1
+            if need > 0:
+                run = take(need)
+                for b in run:
+                    if own_rid[b] >= 0:
+                        own_rid[b] = -1
+                    elif b in key_of:
+                        self._drop_key(b)
+                    ref[b] = 1
+                blocks += run
             if tag:
                 full = (s.num_computed + k - lag) // bs
                 i = s.num_cached_blocks
@@ -613,24 +613,23 @@ class BlockManager:
             k = max(k, min(len(blocks), state.num_computed // self.block_size))
         if (not state.req.prefix_hashes or not self.enable_prefix_caching) and k < PRIVATE:
             # the common case: nobody else holds its blocks (its keys are its own, or nothing is
-            # cached: no block is ever shared or tagged), the first k are cached (one store per
-            # block: OrderedDict.update(dict.fromkeys(...)) measured a third slower than this loop)
+            # cached: no block is ever shared or tagged), the first k are cached, queued tail first
             for b in blocks:
                 ref[b] = 0
-            for b in reversed(blocks[:k]):
-                queue[b] = None
+            queue.push(blocks[:k][::-1])
             self._front += blocks[k:]  # the last block first in line
         else:
-            first = []
+            first, tail = [], []
             as_cached = k if k < PRIVATE else 0  # registered, or (SGLang, finished) full
             for i in range(len(blocks) - 1, -1, -1):
                 b = blocks[i]
                 ref[b] -= 1
                 if ref[b] == 0:
                     if i < as_cached or own_rid[b] >= 0 or b in key_of:
-                        queue[b] = None
+                        tail.append(b)
                     else:
                         first.append(b)
+            queue.push(tail)
             self._front += first[::-1]  # the last block first in line
         if finished:
             state._past_blocks = []
