@@ -70,13 +70,22 @@ class FreeQueue:
         return self.n
 
     def __iter__(self) -> Iterator[int]:
-        """The queued blocks from the head (a snapshot of the stale counts: the queue may change after)."""
-        stale = dict(self._stale)
-        for b in self._q[self._h:]:
+        """The queued blocks from the head, lazily (a caller reads only as far as it needs: the queue holds
+        most of the cache's blocks); the queue must not change while this is read."""
+        q, stale = self._q, self._stale
+        if not stale:
+            return map(q.__getitem__, range(self._h, len(q)))
+        return self._live(stale)
+
+    def _live(self, stale: dict[int, int]) -> Iterator[int]:
+        q = self._q
+        passed: dict[int, int] = {}  # stale entries read past so far, per block
+        for i in range(self._h, len(q)):
+            b = q[i]
             c = stale.get(b)
-            if c is None:
-                yield b
-            else:
-                stale[b] = c - 1
-                if c == 1:
-                    del stale[b]
+            if c is not None:
+                p = passed.get(b, 0)
+                if p < c:
+                    passed[b] = p + 1
+                    continue
+            yield b
