@@ -216,7 +216,7 @@ def test_closed_loop_runs_cut_only_by_their_own_arrivals_change_no_result(specs,
                                                                           tied, cache_decode, think, async_scheduling):
     """Closed-loop sessions: a run that other replicas' step ends no longer cut gives every result of
     the old structure (each replica's run ended at every other replica's step end), ties included, and
-    of planning every step (which no bound on the next turn's arrival shapes: `_next_possible_arrival`)."""
+    of planning every step (which no bound on the next turn's release or arrival shapes: `_turn_bounds`)."""
     cost = FixedCost(0.25, 0.0) if tied else FixedCost(0.01, 0.0005)
     reqs = session_requests(specs, 0.25 if tied else None)
     name, knobs = router

@@ -63,6 +63,14 @@ def deferrable(batch: Batch) -> bool:
     return start > 0 and batch.ends[-1] <= 2 * start
 
 
+def widened(ends: list[float], next_arrival: float, clear_until: float, first: int = 0) -> float:
+    """Closed loop: `next_arrival` moved to the end of the last step from `first` on that ends before
+    `clear_until` (the steps through it start before that), where that is later: no turn arrives before
+    `clear_until`, so none can meet those steps, not even in a tie at their end."""
+    m = bisect_left(ends, clear_until, first) - 1
+    return ends[m] if m >= first and ends[m] > next_arrival else next_arrival
+
+
 def moved_timeout(env: simpy.Environment, timeout: simpy.Timeout, at: float) -> simpy.Timeout:
     """A timeout for `at`, after every event scheduled so far for that time, that resumes what
     waited on `timeout` (which then fires with nobody waiting)."""
@@ -226,8 +234,8 @@ class DeferredRun:
 class WindowedRun(DeferredRun):
     """A decode run on several replicas whose old windows cannot be replayed from the deliveries alone:
     under closed-loop sessions the old planner ended a window at every other replica's step end (a finish
-    there may release a turn here at once), but for the steps that end before any turn can arrive; under async scheduling an arrival held back past a window's
-    cut reaches the loop after the next plan. So the simulator keeps one timeout per old window
+    there may release a turn here at once), but for the steps that end before any turn can arrive; under
+    async scheduling an arrival held back past a window's cut reaches the loop after the next plan. So the simulator keeps one timeout per old window
     (each scheduled when and for where the old one was, so every tie falls as before) and plans the
     next window at each (`plan_window`), without planning the batch or completing its steps."""
 
@@ -244,12 +252,10 @@ class WindowedRun(DeferredRun):
         super()._plan(first, next_arrival, delivery, first_step_taken)
 
     def _widened(self, first: int, next_arrival: float, clear_until: float) -> float:
-        """`next_arrival` moved to the end of the last step from `first` on that ends before `clear_until`
-        (the steps through it start before that), where that is later."""
+        """`widened` over the run's steps, summed past `clear_until` first."""
         if not self.complete and self.ends[-1] < clear_until:
             self.extend(clear_until)
-        m = bisect_left(self.ends, clear_until, first, self.k) - 1  # the last step ending before it
-        return self.ends[m] if m >= first and self.ends[m] > next_arrival else next_arrival
+        return widened(self.ends, next_arrival, clear_until, first)
 
     def plan_window(self, next_arrival: float, clear_until: float = -_INF) -> None:
         """The old planner at the end of the window in flight: the next window's steps start before

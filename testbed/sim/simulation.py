@@ -47,7 +47,6 @@ taken. The results are bit-identical to the old structure (`per_replica_runs=Fal
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left
 from dataclasses import replace
 from functools import partial
 from typing import Callable, Sequence
@@ -60,7 +59,7 @@ from testbed.core.loop import ReplayOutcome, StepLoop
 from testbed.core.policy import BasePolicy
 from testbed.core.request import Request, RequestState, Status
 from testbed.core.router import ReplicaView, Router
-from testbed.sim.decode_runs import CHUNK, DeferredRun, DeliveryLog, WindowedRun, deferrable, moved_timeout
+from testbed.sim.decode_runs import CHUNK, DeferredRun, DeliveryLog, WindowedRun, deferrable, moved_timeout, widened
 from testbed.sim.sessions import ClosedLoopSessions
 
 _INF = float("inf")
@@ -266,16 +265,14 @@ class Simulation:
                 self._release_turns(batch)
 
     def _widened(self, loop: StepLoop, batch, next_arrival: float, clear_until: float) -> float:
-        """Closed loop, a run planned whole: `next_arrival` moved to the end of its last step that ends before
-        `clear_until`, where that is later (as `WindowedRun.plan_window` widens a window: no turn can meet
-        those steps). The run's steps are summed once to find it, and summed again by the caller."""
+        """Closed loop, a run planned whole: `widened` over its steps, as `WindowedRun.plan_window` widens a
+        window. The run's steps are summed once to find it, and summed again by the caller."""
         if not loop.extend_decode_run(batch, self.cost_model.step_time, clear_until, self._horizon, allocate=False):
             return next_arrival
         ends = batch.ends
         batch.ends = None  # (as `_sum_run` undoes a trial run)
         loop.series.steps[-1] = 1
-        m = bisect_left(ends, clear_until) - 1
-        return ends[m] if m >= 0 and ends[m] > next_arrival else next_arrival
+        return widened(ends, next_arrival, clear_until)
 
     def _one_past(self, start: float, end: float) -> bool:
         """May a run stopped by an arrival take the step from `start` to `end` (`StepLoop.extend_decode_run`)?
