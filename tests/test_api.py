@@ -174,3 +174,23 @@ def test_importing_testbed_loads_no_api_until_it_is_used():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+
+
+def test_a_finished_run_is_freed_without_the_cyclic_gc(tmp_path, monkeypatch):
+    """What a run built (its request states, their token lists) is freed when its result is returned: a sweep
+    or a fit that runs hundreds of simulations in one process must not hold each one until the cyclic GC
+    finds it (the loop and its scheduler view refer to each other: `SchedulerView.close`)."""
+    import gc
+
+    from testbed.core.request import RequestState
+
+    monkeypatch.chdir(tmp_path)
+    gc.collect()
+    gc.disable()
+    try:
+        res = testbed.simulate(SMALL)
+        left = sum(type(o) is RequestState for o in gc.get_objects())
+    finally:
+        gc.enable()
+    assert res.summary["num_requests"] == 120
+    assert left == 0, f"{left} request states of a finished run still held"

@@ -49,6 +49,13 @@ class SchedulerView:
         self._kv = loop.kv
         self.now = 0.0
 
+    def close(self) -> None:
+        """The loop's run is over: let go of it. The loop holds its view and the view its loop, a cycle
+        that kept every request state of a finished run alive until the cyclic GC found it: 28 calibration
+        replays in one process (as a `testbed-validate` fit's worker runs them) spent 8.5 s in the GC with
+        the cycle, 3.0 s without."""
+        del self._loop
+
     # --- queues -----------------------------------------------------------------------
     @property
     def waiting(self) -> list[RequestState]:

@@ -63,6 +63,8 @@ def simulate(cfg: DictConfig, stop: Callable[[], bool] | None = None, model: Mod
                 clock.arrival_s.update((s.req.id, s.req.arrival) for loop in outcome.loops for s in loop.states)
                 clock.arrival_s.update((r.id, r.arrival) for r in outcome.not_arrived)
             result = finish(cfg, setup, outcome, "sim", t0, clock)
+    for loop in outcome.loops:  # done: freed as soon as the result is returned, not by the cyclic GC
+        loop.view.close()
     result.run_s = run_s
     return result
 
