@@ -253,27 +253,26 @@ class BlockManager:
             out.append(best)
         return out
 
-    def _hit_block(self, state: RequestState, j: int) -> int | None:
-        c = self.candidates(state, j)
-        return c[0] if c else None
-
     def _matched_blocks(self, state: RequestState) -> int:
-        return self._hit_holders(state)[0]
+        return len(self._hit_path(state))
 
-    def _hit_holders(self, state: RequestState) -> tuple[int, list]:
-        """The request's hit in full blocks, and the holders of its shared-prefix blocks among them (each
-        key's, first registered first), read off the cache in C-level passes: a key stays only while held."""
+    def _hit_path(self, state: RequestState, max_blocks: int | None = None) -> list[int]:
+        """The blocks a request holding none would hit (at most `max_blocks`), in order: each one's first
+        holder (`candidates(state, j)[0]`), the shared-prefix blocks' read off the cache in C-level passes (a
+        key stays only while held), then its own blocks of an earlier life."""
         if not self.may_hit(state):
-            return 0, []
+            return []
         cap = (state.known_len - 1) // self.block_size  # leave at least one token to compute
+        if max_blocks is not None:
+            cap = min(cap, max_blocks)
         keys = self.prefix_keys(state)
         lim = min(cap, len(keys))
         holders = list(map(self._cached.get, keys[:lim]))
         try:
             del holders[holders.index(None):]
         except ValueError:  # every shared-prefix block is cached: the request's own blocks may follow
-            return lim + len(self._own_hits(state, lim, cap)), holders
-        return len(holders), holders
+            return [h[0] for h in holders] + self._own_hits(state, lim, cap)
+        return [h[0] for h in holders]
 
     def match_prefix(self, state: RequestState) -> int:
         """Known tokens of a request holding no blocks that are already cached (read-only)."""
@@ -282,12 +281,8 @@ class BlockManager:
     def admission_blocks(self, state: RequestState, num_new_tokens: int) -> int:
         """Free blocks that admitting a waiting request with `num_new_tokens` would consume:
         its new blocks plus the cached prefix blocks it takes off the free queue."""
-        hit = self._matched_blocks(state)
-        keys, cached = self.prefix_keys(state), self._cached
-        shared = min(hit, len(keys))
-        path = [cached[keys[i]][0] for i in range(shared)]
-        if hit > shared:
-            path += self._own_hits(state, shared, hit)
+        path = self._hit_path(state)
+        hit = len(path)
         return self.blocks_for(hit * self.block_size + num_new_tokens) - hit + self._free_cached_count(path)
 
     def _free_cached_count(self, path: list[int]) -> int:
@@ -301,21 +296,14 @@ class BlockManager:
     def acquire_prefix(self, state: RequestState, max_tokens: int | None = None) -> int:
         """Attach the cached prefix blocks (at most `max_tokens` worth) to a request holding
         none; returns the hit in tokens."""
-        hit, holders = self._hit_holders(state)
-        if max_tokens is not None:
-            hit = min(hit, max_tokens // self.block_size)
+        path = self._hit_path(state, None if max_tokens is None else max_tokens // self.block_size)
+        hit = len(path)
         self.queried_tokens += state.known_len  # as vLLM counts a lookup: every known token
         state.num_cached_blocks = hit
         state._own_from = hit  # blocks from here on are this life's own (`_note_life`)
         if not hit:
             return 0
         ref, queue = self._ref, self._queue
-        nk = len(self.prefix_keys(state))
-        # a hit block's first holder (`_hit_block`): a shared-prefix block's as `_hit_holders` read it, then
-        # the request's own blocks of an earlier life
-        path = [h[0] for h in holders[:hit]]  # (the first min(hit, nk): the holders end at a miss or at nk)
-        if hit > nk:
-            path += self._own_hits(state, nk, hit)
         radix = self._radix
         if radix is not None:  # SGLang's mode: the hit's nodes are locked, one count per node (`inc_lock_ref`)
             blocks = state.blocks

@@ -131,7 +131,7 @@ class OffloadingBlockManager(BlockManager):
     def admission_blocks(self, state: RequestState, num_new_tokens: int) -> int:
         """As BlockManager's, plus a fresh block for every block loaded from host."""
         d, h = self._matched(state)
-        revived = self._free_cached_count([self._hit_block(state, i) for i in range(d)])
+        revived = self._free_cached_count(self._hit_path(state))  # the device hit's blocks
         return self.blocks_for((d + h) * self.block_size + num_new_tokens) - d + revived
 
     def acquire_prefix(self, state: RequestState, max_tokens: int | None = None) -> int:

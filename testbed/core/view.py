@@ -52,8 +52,8 @@ class SchedulerView:
     def close(self) -> None:
         """The loop's run is over: let go of it. The loop holds its view and the view its loop, a cycle
         that kept every request state of a finished run alive until the cyclic GC found it: 28 calibration
-        replays in one process (as a `testbed-validate` fit's worker runs them) spent 8.5 s in the GC with
-        the cycle, 3.0 s without."""
+        replays in one process (as a `testbed-validate` fit's worker runs them) spent 7.6-8.5 s in the GC
+        with the cycle, 3.0-3.5 s without (two runs each)."""
         del self._loop
 
     # --- queues -----------------------------------------------------------------------
