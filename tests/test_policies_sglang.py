@@ -9,9 +9,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import FixedCost, make_loop, make_requests
 from testbed.policies import make_policy
+from testbed.core.request import Status
 from testbed.policies.sglang import dfs_weight_order, in_batch_deprioritized
 from testbed.sim.simulation import Simulation
 
@@ -243,3 +246,44 @@ def test_a_retracted_request_cut_one_token_short_continues_as_the_chunked_reques
     assert r0.prefix_hit_tokens == 8 and r0.remaining == 1 and not r0.is_prefill
     assert step() == [(0, 1)]  # the chunk's last token, a prefill step of its own
     assert sorted(step()) == [(0, 1), (1, 1)]  # both decode again
+
+
+@settings(max_examples=200, deadline=None)
+@given(changes=st.lists(st.tuples(st.sampled_from(["arrive", "admit", "admit_any", "retract", "arrive_inside"]),
+                                  st.integers(0, 30), st.booleans()), max_size=40))
+def test_the_waiting_queue_follows_the_waiting_list_as_a_rebuild_would(changes):
+    # `_sync_queue` applies the last plan's admissions and the arrivals at the waiting list's end in place,
+    # checks, and else rebuilds: the queue is always the old one without those that left, then the new ones
+    # in the waiting list's order (admissions the plan did not make, a request arriving inside the list,
+    # several changes between two plans)
+    pol = make_policy("sglang")
+    Running, Waiting = Status.RUNNING, Status.WAITING
+    states, waiting, rid = {}, [], 0
+    view = SimpleNamespace(waiting=waiting)
+    expected: dict = {}
+    for change, k, sync in changes:
+        if change in ("arrive", "arrive_inside"):
+            rid += 1
+            s = states[rid] = SimpleNamespace(req=SimpleNamespace(id=rid), status=Waiting)
+            waiting.insert(k % (len(waiting) + 1) if change == "arrive_inside" else len(waiting), s)
+        elif change in ("admit", "admit_any") and waiting:
+            s = waiting.pop(k % len(waiting))
+            s.status = Running
+            if change == "admit":
+                pol._admitted.append(s)  # (as `_prefill` notes what it admits)
+        elif change == "retract":
+            back = [s for s in states.values() if s.status is Running]
+            if back:
+                s = back[k % len(back)]
+                s.status = Waiting
+                waiting.insert(k % (len(waiting) + 1), s)
+                pol._queue[s.req.id] = s  # (as `_decode` queues what it retracts)
+                expected[s.req.id] = s
+        if not sync:  # (several changes between two plans)
+            continue
+        ids = {s.req.id for s in waiting}
+        expected = {i: s for i, s in expected.items() if i in ids}
+        for s in waiting:
+            expected.setdefault(s.req.id, s)
+        pol._sync_queue(view)
+        assert list(pol._queue) == list(expected)

@@ -219,6 +219,9 @@ class BlockManager:
             return self._cached.get(keys[j], ())
         if not state._past_blocks:
             return ()
+        if self._radix is not None:  # own content tagged per radix node
+            table = self._own_candidates(state, j, j + 1)
+            return table[0] if table else ()
         rid, own_rid, own_idx = state.req.id, self._own_rid, self._own_idx
         found = {life[j] for life in state._past_blocks
                  if j < len(life) and own_rid[life[j]] == rid and own_idx[life[j]] == j}
@@ -232,6 +235,11 @@ class BlockManager:
         out: list[int] = []
         if not lives or start >= cap:
             return out
+        if self._radix is not None:  # own content tagged per radix node: a life's valid blocks are one slice
+            if len(lives) == 1:
+                spans = self._radix.own_spans(lives[0], state.req.id, start, cap)
+                return lives[0][start:spans[-1][1]] if spans else out
+            return [found[0] for found in self._own_candidates(state, start, cap)]
         rid, own_rid, own_idx, own_seq = state.req.id, self._own_rid, self._own_idx, self._own_seq
         if len(lives) == 1:
             life = lives[0]
@@ -252,6 +260,20 @@ class BlockManager:
                 break
             out.append(best)
         return out
+
+    def _own_candidates(self, state: RequestState, start: int, cap: int) -> list[list[int]]:
+        """SGLang's mode: `candidates(state, j)` for j = start, start + 1, ... below cap while there is one,
+        read off the radix nodes along each past life (RadixLRU.own_spans) instead of tags per block."""
+        radix, rid = self._radix, state.req.id
+        assert radix is not None
+        reach = [(life, radix.own_spans(life, rid, start, cap)) for life in state._past_blocks]
+        hi = max([spans[-1][1] for _, spans in reach if spans], default=start)
+        table: list[dict[int, int]] = [{} for _ in range(hi - start)]  # per index: block -> the life that inserted it
+        for life, spans in reach:
+            for lo, stop, seq in spans:
+                for j in range(lo, stop):
+                    table[j - start][life[j]] = seq
+        return [sorted(found, key=found.__getitem__) for found in table]
 
     def _matched_blocks(self, state: RequestState) -> int:
         return len(self._hit_path(state))
@@ -348,11 +370,11 @@ class BlockManager:
     def touch_all(self, lookups: list[tuple[RequestState, int]]) -> None:
         """`touch` for each (request, tokens) lookup, in order; a request that can hit nothing (`may_hit`) is
         skipped before the call (a cache-aware order looks its whole queue up at every plan)."""
-        if self._radix is None:
+        if self._radix is None:  # (SGLang's mode caches prefixes: `may_hit` below is its state half, inlined)
             return
-        touch, may_hit = self.touch, self.may_hit
+        touch = self.touch
         for s, n in lookups:
-            if may_hit(s):
+            if s.req.prefix_hashes or s._past_blocks:
                 touch(s, n)
 
     def register(self, state: RequestState, num_tokens: int) -> None:
@@ -386,16 +408,18 @@ class BlockManager:
             key_of[b] = key
         if i < shared:
             i = shared
+        own_at = i
         if i < full:
-            rid, own_rid = state.req.id, self._own_rid
-            for b in blocks[i:full]:  # once per block of every prompt (its index and life: `_note_life`)
-                own_rid[b] = rid
+            if self._radix is None:  # (SGLang's mode tags the node the insert makes, below)
+                rid, own_rid = state.req.id, self._own_rid
+                for b in blocks[i:full]:  # once per block of every prompt (its index and life: `_note_life`)
+                    own_rid[b] = rid
             i = full
         held = state.num_cached_blocks
         state.num_cached_blocks = i
         if self._radix is not None:
             radix = self._radix
-            radix.checkpoint(blocks, first_new, full, state.req.prompt_len // self.block_size)
+            radix.checkpoint(blocks, first_new, full, state.req.prompt_len // self.block_size, state.req.id, own_at)
             if first_new > held:  # it now holds the tree's copies of blocks [held, first_new) (`_swap_for_cached`):
                 # their nodes' counts, taken after the insert split the tree there
                 ref = self._ref
@@ -510,9 +534,11 @@ class BlockManager:
         k = self._grab_front(blocks, need)
         if not k:
             return
-        evicted = radix.evict(k)  # (no longer queued: they left the tree; no count: they cache nothing)
-        blocks += evicted[:k]
-        self._to_front(evicted[k:])
+        start = len(blocks) + k
+        radix.evict(k, blocks)  # (no longer queued: they left the tree; no count: they cache nothing)
+        if len(blocks) > start:  # a whole leaf beyond the need: its rest stays free, next in line
+            self._to_front(blocks[start:])
+            del blocks[start:]
 
     def _to_front(self, evicted: list[int]) -> None:
         """Free blocks just evicted (uncached now, so no longer in their release's run) move to the
@@ -653,6 +679,13 @@ class BlockManager:
         as their registration did; blocks it hit keep the life that registered them."""
         self._seq += 1
         seq, rid, blocks = self._seq, state.req.id, state.blocks
+        radix = self._radix
+        if radix is not None:  # per node: the nodes this life inserted (RadixLRU.oseq)
+            orid, oj0, oat, oseq = radix.orid, radix.oj0, radix.oat, radix.oseq
+            for start, stop, e in radix.nodes_along(blocks, min(k, len(blocks))):
+                if start >= state._own_from and orid[e] == rid and oat[e] - oj0[e] < stop - start:
+                    oseq[e] = seq
+            return
         own_rid, own_idx, own_seq = self._own_rid, self._own_idx, self._own_seq
         for j in range(state._own_from, min(k, len(blocks))):
             b = blocks[j]
@@ -685,8 +718,9 @@ class BlockManager:
             for _, _, e in nodes:
                 ref[e] -= 1
                 rel[e] = no
-            if k:
-                radix.released(no, [(blocks[:k], False)], k, [blocks[k - 1]] if is_leaf(blocks[k - 1]) else [])
+            if k:  # (the list itself when it is all tree blocks: nothing changes it once released)
+                radix.released(no, [(blocks if k == len(blocks) else blocks[:k], False)], k,
+                               [blocks[k - 1]] if is_leaf(blocks[k - 1]) else [])
         else:  # tail first: the nodes no other request holds, each queued last block first
             leaves, paths, count = [], [], 0
             for start, stop, e in reversed(nodes):
@@ -740,8 +774,10 @@ class BlockManager:
         owners = [0] * self.num_blocks
         free = set(self.free_order())
         assert len(free) == self.num_free_blocks, "a block is queued twice"
+        radix = self._radix
+        tree = radix.tree_blocks() if radix is not None else set()
         for b in self._front:
-            assert self._own_rid[b] < 0 and b not in self._key_of, f"block {b} caches content at the queue's front"
+            assert self._own_rid[b] < 0 and b not in self._key_of and b not in tree, f"block {b} caches content at the queue's front"
         host = 0
         for s in states:
             assert len(set(s.blocks)) == len(s.blocks), f"request {s.id} holds a block twice: {s.blocks}"
@@ -755,7 +791,7 @@ class BlockManager:
                 assert owners[b] <= 1, f"block {b} is shared by {owners[b]} requests without prefix caching"
                 continue
             if self._radix is not None:  # counts per node (below); a block caching nothing has one holder at most
-                assert owners[b] <= 1 or self._radix.in_tree(b), f"block {b} caches nothing but has {owners[b]} holders"
+                assert owners[b] <= 1 or b in tree, f"block {b} caches nothing but has {owners[b]} holders"
                 continue
             assert self._ref[b] == owners[b], f"block {b}: ref count {self._ref[b]} but {owners[b]} owners"
             if owners[b] > 1:
@@ -768,15 +804,14 @@ class BlockManager:
         for b in self._key_of:
             assert self._own_rid[b] < 0, f"block {b} caches a shared key and a request's own content"
         assert host == self._host_used, f"host blocks used {self._host_used}, swapped states hold {host}"
-        radix = self._radix
         if radix is not None:
             for e, node in radix.blocks_of.items():  # a node's count: the requests holding it, each its every block
                 for x in node:
                     assert owners[x] == self._ref[e], f"block {x}: {owners[x]} holders, its node {e} counts {self._ref[e]}"
             for s in states:  # its tree blocks: the first num_cached_blocks, a node boundary after them
                 k = min(s.num_cached_blocks, len(s.blocks)) if s.num_cached_blocks < PRIVATE else 0
-                assert all(radix.in_tree(b) for b in s.blocks[:k]), f"request {s.id}: a block it registered left the tree"
-                assert not any(radix.in_tree(b) for b in s.blocks[k:]), f"request {s.id}: an unregistered block is in the tree"
+                assert all(b in tree for b in s.blocks[:k]), f"request {s.id}: a block it registered left the tree"
+                assert not any(b in tree for b in s.blocks[k:]), f"request {s.id}: an unregistered block is in the tree"
                 assert k == 0 or s.blocks[k - 1] in radix.blocks_of, f"request {s.id}: its tree blocks end inside a node"
             radix.check()
 
@@ -920,6 +955,7 @@ class KVPreview:
         blocks_of, end, rel = radix.blocks_of, radix.end, radix.rel
         revive: list[int] = []
         nk = min(cap, len(keys))
+        own = kv._own_candidates(state, nk, cap) if nk == len(keys) and state._past_blocks else []
         stop, free = 0, False  # where the path's current node ends, and whether it is free
         n = 0
         while n < cap:
@@ -928,7 +964,7 @@ class KVPreview:
                 on_path = holders[0] if holders else None
                 block = on_path if on_path is not None and on_path not in taken else None
             else:
-                found = kv.candidates(state, n)
+                found = own[n - nk] if n - nk < len(own) else []
                 on_path = found[0] if found else None
                 block = next((b for b in found if b not in taken), None)
             if block is None and not (n < len(keys) and keys[n] in new):

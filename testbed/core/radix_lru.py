@@ -57,6 +57,18 @@ class RadixLRU:
         self.kids = [0] * n  # at a node's end: its child nodes
         self.stamp = [0] * n  # at a node's end: its last access
         self.blocks_of: dict[int, list[int]] = {}  # node end -> the node's blocks, first to last
+        # What a node's blocks cache, at its end, as one insert (`checkpoint`) wrote all of them: the request
+        # whose sequence they are (`orid`, -1 for a host load's), the index of the node's first block in it
+        # (`oj0`), and where its own content begins (`oat`): blocks before are shared-prefix blocks (keyed,
+        # kv._key_of), the rest content only that request has, which only its later lives look up (kv.py
+        # `_own_table`), by `oseq`, the number of the life that inserted them (kv._seq, set when that life
+        # ends unfinished; 0 before). Kept per node, not per block: with page size 1 a tag per block was a
+        # store per token at every insert and another at every eviction, a third of SGLang's run on the
+        # Azure conversation trace (issue 27).
+        self.orid = [-1] * n
+        self.oj0 = [0] * n
+        self.oat = [0] * n
+        self.oseq = [0] * n
         self.clock = 0
         self.heap: list[tuple[int, int]] = []
         self.size = 0  # tree blocks
@@ -88,9 +100,9 @@ class RadixLRU:
         self.slack = 65536  # stale listed blocks tolerated beyond the bound (tests set it low: compact often)
 
     # --- membership ---------------------------------------------------------------------
-    def in_tree(self, b: int) -> bool:
-        kv = self.kv
-        return kv._own_rid[b] >= 0 or b in kv._key_of
+    def tree_blocks(self) -> set[int]:
+        """Every block of the tree's nodes (for checks: O(tree size))."""
+        return {x for node in self.blocks_of.values() for x in node}
 
     def is_leaf(self, b: int) -> bool:
         """Tree block b ends a node that has no child."""
@@ -112,8 +124,7 @@ class RadixLRU:
         self.heap = sorted(live)
 
     def _valid(self, t: int, b: int) -> bool:
-        return (self.stamp[b] == t and b in self.blocks_of and self.kids[b] == 0 and self.kv._ref[b] == 0
-                and self.in_tree(b))
+        return self.stamp[b] == t and b in self.blocks_of and self.kids[b] == 0 and self.kv._ref[b] == 0
 
     # --- the tree's operations ----------------------------------------------------------
     def _split(self, path: list[int], j: int, t: int) -> None:
@@ -141,6 +152,12 @@ class RadixLRU:
         ref, rel = self.kv._ref, self.rel
         ref[b] = ref[e]  # both halves keep the node's holders, and its release while free
         rel[b] = rel[e]
+        self.orid[b] = self.orid[e]  # ... and what it caches, the tail from its cut on
+        self.oat[b] = self.oat[e]
+        self.oseq[b] = self.oseq[e]
+        oj0 = self.oj0
+        oj0[b] = oj0[e]
+        oj0[e] += cut
         if t < 0:
             stamp[b] = stamp[e]
             return
@@ -159,6 +176,34 @@ class RadixLRU:
             stop = start + len(blocks_of[e])
             out.append((start, stop, e))
             start = stop
+        return out
+
+    def own_spans(self, life: list[int], rid: int, lo: int, cap: int) -> list[tuple[int, int, int]]:
+        """(start, stop, inserting life) of the nodes along a past life of request `rid` (its blocks, from
+        the root) whose blocks life[lo:cap] still cache its own content at those indices, clipped to
+        [lo, cap): one run from lo (a lookup is asked for a request holding no blocks, so every life of it
+        has ended and noted its nodes). The life's nodes are walked from its first block, as `_queued_in`
+        walks a listed path, and the walk ends at a node that is not the life's next blocks (evicted, and
+        those below with it: the tree evicts leaves only), or that another request inserted (its blocks
+        were evicted and taken again); a block this life held that a later life of the same request took
+        back at the same index is found along that later life."""
+        blocks_of, end, orid, oseq = self.blocks_of, self.end, self.orid, self.oseq
+        out: list[tuple[int, int, int]] = []
+        n = min(cap, len(life))
+        i = 0
+        while i < n:
+            e = end[life[i]]
+            node = blocks_of.get(e)
+            if node is None:
+                break
+            stop = i + len(node)
+            if node != life[i:stop]:
+                break
+            if stop > lo:
+                if orid[e] != rid:  # (a node's index is its depth, so it is the one the life has it at)
+                    break
+                out.append((max(i, lo), min(stop, n), oseq[e]))
+            i = stop
         return out
 
     def _node_at(self, path: list[int], j: int) -> tuple[int, int]:
@@ -197,11 +242,12 @@ class RadixLRU:
         if n:
             self._split(blocks, n - 1, -1)
 
-    def checkpoint(self, blocks: list[int], m: int, full: int, prompt: int) -> None:
+    def checkpoint(self, blocks: list[int], m: int, full: int, prompt: int, rid: int = -1, own_at: int = 0) -> None:
         """The request's blocks[:full] are tree blocks, [m, full) just added: SGLang's
         `RadixCache.checkpoint` (L510-543): insert the sequence (stamps the path, splits where it
         left the tree, the new tail one node), re-insert the prompt (splits at its page boundary,
-        L487-502), then look the sequence up again (L524), which stamps the whole path last."""
+        L487-502), then look the sequence up again (L524), which stamps the whole path last. The added
+        blocks from `own_at` on cache request `rid`'s own content, those before it shared-prefix keys."""
         t1 = self._tick()
         t3 = t1 + 1  # the lookup after the insert (below)
         if m:
@@ -218,6 +264,10 @@ class RadixLRU:
             self.stamp[prev] = t3
             self.kv._ref[prev] = 1  # its one holder: the request that computed (or loaded) it
             self.rel[prev] = 0  # held
+            self.orid[prev] = rid if own_at < full else -1
+            self.oj0[prev] = m
+            self.oat[prev] = max(own_at, m)
+            self.oseq[prev] = 0
             if m:
                 p = blocks[m - 1]
                 self.parent[seg[0]] = p
@@ -238,7 +288,7 @@ class RadixLRU:
         now (a host tier's load-back: `init_load_back` inserts the loaded pages)."""
         if start >= end:
             return
-        self.checkpoint(blocks, start, end, 0)
+        self.checkpoint(blocks, start, end, 0, -1, end)  # (every loaded block is a shared-prefix one)
 
     # --- release, revive, evict ------------------------------------------------------------
     def next_release(self) -> int:
@@ -328,34 +378,32 @@ class RadixLRU:
         if short > 0:
             self.kv._to_front(self.evict(short))
 
-    def evict(self, num_blocks: int) -> list[int]:
+    def evict(self, num_blocks: int, out: list[int] | None = None) -> list[int]:
         """`RadixCache.evict`: oldest leaf node first, whole nodes, until `num_blocks` are freed;
         returns the evicted blocks, in eviction order (each node from its last block to its first;
-        still in the free queue, where they were)."""
+        still in the free queue, where they were), appended to `out` when given (an allocation's list:
+        with page size 1 every copy of a node's blocks is a pass over as many tokens)."""
         kv = self.kv
         heap, parent, kids, stamp, head = self.heap, self.parent, self.kids, self.stamp, self.head
-        ref, own_rid, key_of, blocks_of = kv._ref, kv._own_rid, kv._key_of, self.blocks_of
+        ref, blocks_of, oat, oj0 = kv._ref, self.blocks_of, self.oat, self.oj0
         live, rel = self.live, self.rel
-        out: list[int] = []
+        if out is None:
+            out = []
         evicted = 0
         while evicted < num_blocks and heap:
             t, b = heapq.heappop(heap)
-            if stamp[b] != t or b not in blocks_of or kids[b] or ref[b] or not (own_rid[b] >= 0 or b in key_of):
+            if stamp[b] != t or b not in blocks_of or kids[b] or ref[b]:
                 continue  # stale
             h = head[b]
-            node = blocks_of.pop(b)[::-1]  # the node, last block first
-            live[rel[b]] -= len(node)  # (one release freed the whole node: its blocks share their holders)
-            if key_of:
-                for x in node:  # (a host tier keeps dropped keys in this order)
-                    if own_rid[x] >= 0:
-                        own_rid[x] = -1
-                    else:
-                        kv._drop_key(x)
-            else:  # no shared content cached: every tree block is a request's own
-                for x in node:
-                    own_rid[x] = -1
-            out += node
-            evicted += len(node)
+            node = blocks_of.pop(b)
+            n = len(node)
+            live[rel[b]] -= n  # (one release freed the whole node: its blocks share their holders)
+            keyed = oat[b] - oj0[b]  # its shared-prefix blocks (its first): their keys go, last first (a host
+            if keyed > 0:  # tier keeps dropped keys in this order); its own content needs nothing dropped
+                for x in reversed(node[:keyed]):
+                    kv._drop_key(x)
+            out += reversed(node)  # the node, last block first
+            evicted += n
             p = parent[h]
             if p >= 0:
                 kids[p] -= 1
@@ -382,8 +430,14 @@ class RadixLRU:
     def check(self) -> None:
         kv = self.kv
         n = kv.num_blocks
-        tree = [self.in_tree(b) for b in range(n)]
+        tree = [False] * n
+        for node in self.blocks_of.values():
+            for x in node:
+                assert not tree[x], f"block {x} is in two nodes"
+                tree[x] = True
         assert self.size == sum(tree), f"tree size {self.size}, {sum(tree)} tree blocks"
+        for b in kv._key_of:
+            assert tree[b], f"block {b} caches a shared key off the tree"
         assert kv._free_tree == sum(1 for b in kv.free_order() if tree[b]), "free tree-block count is off"
         assert self.listed == sum(len(p) for _, paths in self.runs for p, _ in paths), "listed blocks miscounted"
         assert sorted(self.live) == sorted(no for no, _ in self.runs), "a run without its count, or a count without its run"
@@ -399,23 +453,22 @@ class RadixLRU:
             else:
                 assert not seen_cached, f"uncached free block {b} behind a cached one"
         head, parent = self.head, self.parent
-        covered = [False] * n
         kids = [0] * n
         ends = list(self.blocks_of)
         for e in ends:  # each node: its blocks from head to end, one holder count, under a tree node's end
             node = self.blocks_of[e]
             h = node[0]
             assert node[-1] == e and head[e] == h and self.end[h] == e, f"node ending at {e}: head and end disagree"
-            for x in node:
-                assert tree[x] and not covered[x], f"node ending at {e} holds block {x} twice or off the tree"
-                covered[x] = True
+            keyed = min(max(0, self.oat[e] - self.oj0[e]), len(node))  # its first blocks hold shared keys, the rest own content
+            assert all(x in kv._key_of for x in node[:keyed]), f"node ending at {e}: a shared-prefix block without its key"
+            assert not any(x in kv._key_of for x in node[keyed:]), f"node ending at {e}: an own-content block with a key"
+            assert keyed == len(node) or self.orid[e] >= 0, f"node ending at {e}: own content of no request"
             assert (self.rel[e] != 0) == (kv._ref[e] == 0), f"node ending at {e}: free by `rel`, held by its count, or back"
             p = parent[h]
             if p >= 0:
                 assert tree[p] and p in self.blocks_of, f"node ending at {e} hangs under block {p}, not a node's end"
                 kids[p] += 1
                 assert kv._ref[p] >= kv._ref[e], f"block {e} held by more requests than its parent {p}"
-        assert all(covered[b] == tree[b] for b in range(n)), "a tree block belongs to no node"
         heap = set(self.heap)
         for e in ends:
             assert kids[e] == self.kids[e], f"block {e}: {self.kids[e]} children counted, {kids[e]} found"

@@ -105,11 +105,13 @@ here the step decodes).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, mul, sub
 
 from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
 from testbed.core.policy import BasePolicy, PolicyKnobs, register
+from testbed.core.request import Status
 
 ORDERS = ("fcfs", "lpm", "dfs_weight", "lof")
 PREFIX_MATCH_QUEUE_MAX = 128  # WAITING_QUEUE_PREFIX_MATCH_MAX, P L136: lpm turns fcfs above it
@@ -117,6 +119,9 @@ WAITING_PREFIX_REFRESH_INTERVAL = 32  # P L139: a cache-agnostic order re-stamps
 IN_BATCH_CHECK_THRESHOLD = 32  # IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD, P L115-118
 IN_BATCH_DEPRIORITIZE_THRESHOLD = 32  # IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD, P L122-126
 _RID = attrgetter("req.id")  # a request state's id, read in C (the queue's checks run once per waiting request per step)
+_GEN = attrgetter("num_generated")
+_ID = attrgetter("id")
+_RUNNING = Status.RUNNING
 
 
 @dataclass
@@ -199,7 +204,7 @@ def dfs_weight_order(queue, hit_of, created=None) -> list:
     Equal weights keep the radix tree's child order, the order the children were inserted
     (`created`: prefix-chain key -> insertion rank, kept by SGLangPolicy._note_inserted);
     children not in it come after, in queue order."""
-    if not any([hit_of[s.id] for s in queue]):
+    if not any(map(hit_of.__getitem__, map(_ID, queue))):
         return list(queue)  # nothing cached: every request at the root, in queue order (its own requests come last)
     created = created or {}
     inf = float("inf")
@@ -259,6 +264,7 @@ class SGLangPolicy(BasePolicy):
         self.ratio = self.init_ratio
         self._decode_mark: int | None = None  # steps_done when the last unretracted decode plan was made
         self._queue: dict = {}  # SGLang's waiting queue, in its order: request id -> state
+        self._admitted: list = []  # the requests the last plan admitted from it (`_sync_queue` drops them)
         self._full: set | None = None  # batch_is_full: the ids whose leaving clears it, or None
         self._batch_pos: dict = {}  # request id -> its place in SGLang's running batch
         self._batch: list = []  # that batch, in that order (a step that decodes the same batch reuses both)
@@ -288,15 +294,32 @@ class SGLangPolicy(BasePolicy):
             self._decode_mark = None
 
     def _sync_queue(self, view) -> None:
-        """Drop admitted requests; append new arrivals (retracted ones were appended when retracted)."""
+        """Drop admitted requests; append new arrivals (retracted ones were appended when retracted). Mostly
+        the last plan's admissions left and a few arrivals came at the waiting list's end: those are applied,
+        then checked in one pass in C (a loaded run's queue holds hundreds); anything else rebuilds the queue
+        from the waiting list, as the check would."""
         waiting = view.waiting
         q = self._queue
-        if len(q) != len(waiting) or not all(map(q.__contains__, map(_RID, waiting))):
-            ids = set(map(_RID, waiting))
-            self._queue = q = {i: s for i, s in q.items() if i in ids}
-            for rid, s in zip(map(_RID, waiting), waiting):
-                if rid not in q:
-                    q[rid] = s
+        for s in self._admitted:
+            if s.status is _RUNNING:
+                q.pop(s.req.id, None)
+        self._admitted = []
+        arrived = []
+        for s in reversed(waiting):
+            if s.req.id in q:
+                break
+            arrived.append(s)
+        for s in reversed(arrived):
+            q[s.req.id] = s
+        if len(q) == len(waiting) and all(map(q.__contains__, map(_RID, waiting))):
+            return
+        for s in arrived:  # (undone: in the rebuild every new one goes in the waiting list's order)
+            del q[s.req.id]
+        ids = set(map(_RID, waiting))
+        self._queue = q = {i: s for i, s in q.items() if i in ids}
+        for rid, s in zip(map(_RID, waiting), waiting):
+            if rid not in q:
+                q[rid] = s
 
     def _max_new(self, s) -> int:
         """The request's max_new_tokens, clipped as SGLang clips it on arrival so that admission
@@ -333,11 +356,16 @@ class SGLangPolicy(BasePolicy):
         if policy in ("lpm", "dfs_weight"):
             # _compute_prefix_matches (P L346-360) looks every waiting request up, in queue order,
             # before sorting: each lookup re-stamps its cached path (its whole sequence, no one-token cap)
-            self._lookups += [(s, s.known_len) for s in queue]
-            hit_of = dict(zip(map(_RID, queue), view.prefix_hits(queue)))
+            # (only those whose lookup can match anything: another's lookup stamps nothing and hits 0)
+            hitters = view.lookup_candidates(queue)
+            self._lookups += [(s, s.known_len) for s in hitters]
+            hit_of = dict.fromkeys(map(_RID, queue), 0)
+            hit_of.update(zip(map(_RID, hitters), view.prefix_hits(hitters)))
             if policy == "lpm":
                 back = in_batch_deprioritized(queue, hit_of)
                 queue.sort(key=lambda s: float("inf") if s.id in back else -hit_of[s.id])
+            elif not any(hit_of.values()):
+                return queue  # nothing cached: the queue's order stands (dfs_weight_order's first case)
             else:
                 queue = dfs_weight_order(queue, hit_of, self._created)
         elif policy == "lof":
@@ -390,7 +418,7 @@ class SGLangPolicy(BasePolicy):
             keys = [pos.get(s.req.id, inf) for s in decoding]
             if keys != sorted(keys):  # (mostly in order already: the running order unless a retraction sorted it)
                 decoding = [decoding[i] for i in sorted(range(len(keys)), key=keys.__getitem__)]  # stable, as sort
-        if self._full is not None and (not decoding or not self._full <= {s.req.id for s in running}):
+        if self._full is not None and (not decoding or not self._full.issubset(map(_RID, running))):
             self._full = None  # a request left the batch
         plan = self._prefill(view, decoding, chunked)
         if plan.items:
@@ -415,10 +443,12 @@ class SGLangPolicy(BasePolicy):
         page = lambda n: -(-n // bs) * bs  # noqa: E731 (ceil_paged_tokens)
         ratio = 1.0 if k.ignore_eos else self.ratio
         clip, max_new_of = k.clip_max_new_tokens, self._max_new
-        known = self._max_new_of  # `_max_new`'s cached value read inline: once per running request per step
-        rem_total = view.free_blocks * bs - sum(
-            [min((known[s.req.id] if s.req.id in known else max_new_of(s)) - s.num_generated, clip) * ratio
-             for s in decoding])
+        known = self._max_new_of  # `_max_new`'s cached value read in C: once per running request per step
+        if not all(map(known.__contains__, map(_RID, decoding))):
+            for s in decoding:
+                max_new_of(s)
+        rem_total = view.free_blocks * bs - sum(map(mul, map(min, map(sub, map(known.__getitem__, map(_RID, decoding)),
+                                                                      map(_GEN, decoding)), repeat(clip)), repeat(ratio)))
         rem_input = k.max_prefill_tokens  # PrefillAdder(rem_input_tokens=max_prefill_tokens), S L4157-4164
         rem_chunk = k.chunked_prefill_size or None  # rem_chunk_tokens = chunked_prefill_size (P L639), not capped by rem_input
         cap = view.token_budget  # the engine's own limit on a step's tokens (not SGLang's: keep it above)
@@ -479,6 +509,7 @@ class SGLangPolicy(BasePolicy):
                     break
                 reserve_out = 0
             plan.schedule(s, n)
+            self._admitted.append(s)
             cap -= n
             pinned.update(revived)
             rem_total -= page(n) + bs + reserve_out + len(revived) * bs
@@ -517,7 +548,8 @@ class SGLangPolicy(BasePolicy):
         refusal with requests already decoding holds admission."""
         if not any(not s.is_prefill and s.id != self._chunked_id for s in view.running):
             return
-        self._full = {s.req.id for s in view.running} | {s.req.id for s, _ in plan.items}
+        self._full = set(map(_RID, view.running))
+        self._full.update([s.req.id for s, _ in plan.items])
 
     def _decode(self, view, plan: Plan, decoding) -> Plan:
         free = view.free_blocks
