@@ -105,8 +105,7 @@ here the step decodes).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import repeat
-from operator import attrgetter, mul, sub
+from operator import attrgetter
 
 from testbed.core.bounds import bounded
 from testbed.core.plan import Plan
@@ -118,9 +117,7 @@ PREFIX_MATCH_QUEUE_MAX = 128  # WAITING_QUEUE_PREFIX_MATCH_MAX, P L136: lpm turn
 WAITING_PREFIX_REFRESH_INTERVAL = 32  # P L139: a cache-agnostic order re-stamps the queue's prefixes every 32 calls
 IN_BATCH_CHECK_THRESHOLD = 32  # IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD, P L115-118
 IN_BATCH_DEPRIORITIZE_THRESHOLD = 32  # IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD, P L122-126
-_RID = attrgetter("req.id")  # a request state's id, read in C (the queue's checks run once per waiting request per step)
-_GEN = attrgetter("num_generated")
-_ID = attrgetter("id")
+_RID = attrgetter("req.id")  # a request state's id (the queue's rebuild)
 _RUNNING = Status.RUNNING
 
 
@@ -204,7 +201,7 @@ def dfs_weight_order(queue, hit_of, created=None) -> list:
     Equal weights keep the radix tree's child order, the order the children were inserted
     (`created`: prefix-chain key -> insertion rank, kept by SGLangPolicy._note_inserted);
     children not in it come after, in queue order."""
-    if not any(map(hit_of.__getitem__, map(_ID, queue))):
+    if not any([hit_of[s.id] for s in queue]):
         return list(queue)  # nothing cached: every request at the root, in queue order (its own requests come last)
     created = created or {}
     inf = float("inf")
@@ -296,8 +293,8 @@ class SGLangPolicy(BasePolicy):
     def _sync_queue(self, view) -> None:
         """Drop admitted requests; append new arrivals (retracted ones were appended when retracted). Mostly
         the last plan's admissions left and a few arrivals came at the waiting list's end: those are applied,
-        then checked in one pass in C (a loaded run's queue holds hundreds); anything else rebuilds the queue
-        from the waiting list, as the check would."""
+        then checked in one pass (a loaded run's queue holds hundreds); anything else rebuilds the queue from
+        the waiting list, as the check would."""
         waiting = view.waiting
         q = self._queue
         for s in self._admitted:
@@ -311,8 +308,12 @@ class SGLangPolicy(BasePolicy):
             arrived.append(s)
         for s in reversed(arrived):
             q[s.req.id] = s
-        if len(q) == len(waiting) and all(map(q.__contains__, map(_RID, waiting))):
-            return
+        if len(q) == len(waiting):
+            for s in waiting:  # (a loop: on Python 3.11 it reads `s.req.id` faster than attrgetter does in C)
+                if s.req.id not in q:
+                    break
+            else:
+                return
         for s in arrived:  # (undone: in the rebuild every new one goes in the waiting list's order)
             del q[s.req.id]
         ids = set(map(_RID, waiting))
@@ -359,8 +360,8 @@ class SGLangPolicy(BasePolicy):
             # (only those whose lookup can match anything: another's lookup stamps nothing and hits 0)
             hitters = view.lookup_candidates(queue)
             self._lookups += [(s, s.known_len) for s in hitters]
-            hit_of = dict.fromkeys(map(_RID, queue), 0)
-            hit_of.update(zip(map(_RID, hitters), view.prefix_hits(hitters)))
+            hit_of = {s.req.id: 0 for s in queue}
+            hit_of.update(zip([s.req.id for s in hitters], view.prefix_hits(hitters)))
             if policy == "lpm":
                 back = in_batch_deprioritized(queue, hit_of)
                 queue.sort(key=lambda s: float("inf") if s.id in back else -hit_of[s.id])
@@ -418,7 +419,7 @@ class SGLangPolicy(BasePolicy):
             keys = [pos.get(s.req.id, inf) for s in decoding]
             if keys != sorted(keys):  # (mostly in order already: the running order unless a retraction sorted it)
                 decoding = [decoding[i] for i in sorted(range(len(keys)), key=keys.__getitem__)]  # stable, as sort
-        if self._full is not None and (not decoding or not self._full.issubset(map(_RID, running))):
+        if self._full is not None and (not decoding or not self._full <= {s.req.id for s in running}):
             self._full = None  # a request left the batch
         plan = self._prefill(view, decoding, chunked)
         if plan.items:
@@ -443,12 +444,10 @@ class SGLangPolicy(BasePolicy):
         page = lambda n: -(-n // bs) * bs  # noqa: E731 (ceil_paged_tokens)
         ratio = 1.0 if k.ignore_eos else self.ratio
         clip, max_new_of = k.clip_max_new_tokens, self._max_new
-        known = self._max_new_of  # `_max_new`'s cached value read in C: once per running request per step
-        if not all(map(known.__contains__, map(_RID, decoding))):
-            for s in decoding:
-                max_new_of(s)
-        rem_total = view.free_blocks * bs - sum(map(mul, map(min, map(sub, map(known.__getitem__, map(_RID, decoding)),
-                                                                      map(_GEN, decoding)), repeat(clip)), repeat(ratio)))
+        known = self._max_new_of  # `_max_new`'s cached value read inline: once per running request per step
+        rem_total = view.free_blocks * bs - sum(
+            [min((known[s.req.id] if s.req.id in known else max_new_of(s)) - s.num_generated, clip) * ratio
+             for s in decoding])
         rem_input = k.max_prefill_tokens  # PrefillAdder(rem_input_tokens=max_prefill_tokens), S L4157-4164
         rem_chunk = k.chunked_prefill_size or None  # rem_chunk_tokens = chunked_prefill_size (P L639), not capped by rem_input
         cap = view.token_budget  # the engine's own limit on a step's tokens (not SGLang's: keep it above)
@@ -548,8 +547,7 @@ class SGLangPolicy(BasePolicy):
         refusal with requests already decoding holds admission."""
         if not any(not s.is_prefill and s.id != self._chunked_id for s in view.running):
             return
-        self._full = set(map(_RID, view.running))
-        self._full.update([s.req.id for s, _ in plan.items])
+        self._full = {s.req.id for s in view.running} | {s.req.id for s, _ in plan.items}
 
     def _decode(self, view, plan: Plan, decoding) -> Plan:
         free = view.free_blocks
