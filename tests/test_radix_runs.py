@@ -37,6 +37,42 @@ def _same(new, ref, states_new, states_ref):
             # per-block reference's stale index tags would read them until that life ends)
 
 
+def _other_op(kv, op, r, chunk, tokens, run, wait):
+    """An operation but an admission: a running request's prefill chunk, decode tokens (registered as
+    scheduled in vLLM's mode), retraction (it waits again, holding nothing) or finish; a waiting request's
+    lookup; an eviction."""
+    if op == "evict":
+        kv.evict_to_free(tokens % kv.num_blocks + 1)
+    if r in wait and op == "look_up":
+        kv.touch(wait[r], wait[r].known_len)
+    if r not in run:
+        return
+    s = run[r]
+    if op == "prefill" and s.num_computed < s.req.prompt_len:
+        n = min(s.req.prompt_len - s.num_computed, 1 + chunk * 3)
+        if kv.can_allocate(kv.blocks_needed(s, n)):
+            kv.allocate(s, n)
+            s.num_computed += n
+            kv.register(s, s.num_computed)
+    elif op == "grow" and s.num_computed >= s.req.prompt_len:
+        n = chunk + 1
+        if kv.can_allocate(kv.blocks_needed(s, n)):
+            kv.allocate(s, n)
+            s.num_computed += n
+            s.num_generated += n
+            if kv.cache_decode:
+                kv.register(s, s.num_computed)
+    elif op == "retract":
+        kv.free(s)
+        s.num_computed = 0
+        s.num_generated = 0
+        del run[r]
+        wait[r] = s
+    elif op == "finish":
+        kv.free(s, finished=True)
+        del run[r]
+
+
 ops = st.lists(
     st.tuples(st.sampled_from(["admit", "admit", "prefill", "grow", "grow", "retract", "finish",
                                "look_up", "evict"]),
@@ -84,35 +120,8 @@ def test_run_based_radix_tree_matches_the_per_block_one(num_blocks, block_size, 
                 else:
                     kv.free(s)
                     wait[s.id] = s
-            elif r in run:
-                s = run[r]
-                if op == "prefill" and s.num_computed < s.req.prompt_len:
-                    n = min(s.req.prompt_len - s.num_computed, 1 + chunk * 3)
-                    if kv.can_allocate(kv.blocks_needed(s, n)):
-                        kv.allocate(s, n)
-                        s.num_computed += n
-                        kv.register(s, s.num_computed)
-                elif op == "grow" and s.num_computed >= s.req.prompt_len:
-                    n = chunk + 1
-                    if kv.can_allocate(kv.blocks_needed(s, n)):
-                        kv.allocate(s, n)
-                        s.num_computed += n
-                        s.num_generated += n
-                        if kv.cache_decode:
-                            kv.register(s, s.num_computed)
-                elif op == "retract":
-                    kv.free(s)
-                    s.num_computed = 0
-                    s.num_generated = 0
-                    del run[r]
-                    wait[r] = s
-                elif op == "finish":
-                    kv.free(s, finished=True)
-                    del run[r]
-            elif op == "look_up" and r in wait:
-                kv.touch(wait[r], wait[r].known_len)
-            if op == "evict":
-                kv.evict_to_free(tokens % num_blocks + 1)
+            else:
+                _other_op(kv, op, r, chunk, tokens, run, wait)
         if op == "admit" and r is None:
             rid += 1
             slots[slot] = rid
@@ -236,33 +245,8 @@ def test_a_retracted_requests_own_blocks_are_found_by_node_as_by_block(num_block
                     s.num_computed = n
                     kv.register(s, n)
                     kv.free(s, finished=True)
-            elif r in run:
-                s = run[r]
-                if op == "prefill" and s.num_computed < s.req.prompt_len:
-                    n = min(s.req.prompt_len - s.num_computed, 1 + chunk * 3)
-                    if kv.can_allocate(kv.blocks_needed(s, n)):
-                        kv.allocate(s, n)
-                        s.num_computed += n
-                        kv.register(s, s.num_computed)
-                elif op == "grow" and s.num_computed >= s.req.prompt_len:
-                    n = chunk + 1
-                    if kv.can_allocate(kv.blocks_needed(s, n)):
-                        kv.allocate(s, n)
-                        s.num_computed += n
-                        s.num_generated += n
-                elif op == "retract":
-                    kv.free(s)
-                    s.num_computed = 0
-                    s.num_generated = 0
-                    del run[r]
-                    wait[r] = s
-                elif op == "finish":
-                    kv.free(s, finished=True)
-                    del run[r]
-            elif op == "look_up" and r in wait:
-                kv.touch(wait[r], wait[r].known_len)
-            if op == "evict":
-                kv.evict_to_free(tokens % num_blocks + 1)
+            else:
+                _other_op(kv, op, r, chunk, tokens, run, wait)
         if op in ("admit", "fill"):
             rid += 1
             if op == "admit" and r is None:

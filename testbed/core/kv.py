@@ -200,7 +200,10 @@ class BlockManager:
     # index, registration order) in flat arrays, and only that request, resumed after a recompute
     # preemption, looks it up, among the blocks it held before (`_past_blocks`). Both behave as
     # vLLM's one hash table; the split keeps the common case (every block of every request cached)
-    # to a few array writes.
+    # to a few array writes. In SGLang's mode the tags are the radix node's, once per node
+    # (RadixLRU.orid / oj0 / oseq: one insert wrote all its blocks), and a lookup walks the nodes
+    # along each past life (`_own_candidates`): page size 1 made the per-block tags a store per token
+    # at every insert and another at every eviction.
     def prefix_keys(self, state: RequestState) -> tuple[int, ...]:
         keys = state._block_keys
         if keys is None:

@@ -182,29 +182,37 @@ class RadixLRU:
         """(start, stop, inserting life) of the nodes along a past life of request `rid` (its blocks, from
         the root) whose blocks life[lo:cap] still cache its own content at those indices, clipped to
         [lo, cap): one run from lo (a lookup is asked for a request holding no blocks, so every life of it
-        has ended and noted its nodes). The life's nodes are walked from its first block, as `_queued_in`
-        walks a listed path, and the walk ends at a node that is not the life's next blocks (evicted, and
-        those below with it: the tree evicts leaves only), or that another request inserted (its blocks
-        were evicted and taken again); a block this life held that a later life of the same request took
-        back at the same index is found along that later life."""
-        blocks_of, end, orid, oseq = self.blocks_of, self.end, self.orid, self.oseq
+        has ended and noted its nodes). The life's whole nodes are walked (`_whole_nodes`), and the walk
+        ends at one that another request inserted (its blocks were evicted and taken again); a block this
+        life held that a later life of the same request took back at the same index is found along that
+        later life."""
+        orid, oseq = self.orid, self.oseq
         out: list[tuple[int, int, int]] = []
         n = min(cap, len(life))
-        i = 0
-        while i < n:
-            e = end[life[i]]
-            node = blocks_of.get(e)
-            if node is None:
-                break
-            stop = i + len(node)
-            if node != life[i:stop]:
-                break
+        for i, stop, e, _ in self._whole_nodes(life, n):
             if stop > lo:
                 if orid[e] != rid:  # (a node's index is its depth, so it is the one the life has it at)
                     break
                 out.append((max(i, lo), min(stop, n), oseq[e]))
-            i = stop
         return out
+
+    def _whole_nodes(self, path: list[int], n: int) -> Iterator[tuple[int, int, int, list[int]]]:
+        """(start, stop, last block, blocks) of each node along `path` from its first block (a node's first:
+        nodes only split), starting below n, while the path's next blocks are exactly a node's: a block that
+        begins no node of them ends the walk (that node was evicted, so were all below it, and their
+        blocks now cache something else or nothing)."""
+        blocks_of, end = self.blocks_of, self.end
+        i = 0
+        while i < n:
+            e = end[path[i]]
+            node = blocks_of.get(e)
+            if node is None:
+                return
+            stop = i + len(node)
+            if node != path[i:stop]:
+                return
+            yield i, stop, e, node
+            i = stop
 
     def _node_at(self, path: list[int], j: int) -> tuple[int, int]:
         """(the last block of the node holding path[j], where that node starts in path): the path's
@@ -313,24 +321,12 @@ class RadixLRU:
 
     def _queued_in(self, path: list[int], no: int) -> list[int]:
         """The blocks of a listed path still queued by release `no`, from the root down: its whole nodes
-        whose `rel` names that release. The path's nodes are walked from its first block (a node's first:
-        nodes only split), and the walk stops at a block that begins no node of the path's blocks: that
-        node was evicted, so were all below it (the tree evicts leaves only), and their blocks now cache
-        something else or nothing."""
-        blocks_of, end, rel = self.blocks_of, self.end, self.rel
+        (`_whole_nodes`) whose `rel` names that release."""
+        rel = self.rel
         out: list[int] = []
-        i, n = 0, len(path)
-        while i < n:
-            e = end[path[i]]
-            node = blocks_of.get(e)
-            if node is None:
-                break
-            stop = i + len(node)
-            if node != path[i:stop]:
-                break
+        for _, _, e, node in self._whole_nodes(path, len(path)):
             if rel[e] == no:
                 out += node
-            i = stop
         return out
 
     def _compact_runs(self) -> None:
