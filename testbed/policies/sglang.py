@@ -360,13 +360,14 @@ class SGLangPolicy(BasePolicy):
             # (only those whose lookup can match anything: another's lookup stamps nothing and hits 0)
             hitters = view.lookup_candidates(queue)
             self._lookups += [(s, s.known_len) for s in hitters]
+            hits = view.prefix_hits(hitters)
+            if policy == "dfs_weight" and not any(hits):
+                return queue  # nothing cached: the queue's order stands (dfs_weight_order's first case)
             hit_of = {s.req.id: 0 for s in queue}
-            hit_of.update(zip([s.req.id for s in hitters], view.prefix_hits(hitters)))
+            hit_of.update(zip([s.req.id for s in hitters], hits))
             if policy == "lpm":
                 back = in_batch_deprioritized(queue, hit_of)
                 queue.sort(key=lambda s: float("inf") if s.id in back else -hit_of[s.id])
-            elif not any(hit_of.values()):
-                return queue  # nothing cached: the queue's order stands (dfs_weight_order's first case)
             else:
                 queue = dfs_weight_order(queue, hit_of, self._created)
         elif policy == "lof":
