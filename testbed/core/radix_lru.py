@@ -61,7 +61,7 @@ class RadixLRU:
         # whose sequence they are (`orid`, -1 for a host load's), the index of the node's first block in it
         # (`oj0`), and where its own content begins (`oat`): blocks before are shared-prefix blocks (keyed,
         # kv._key_of), the rest content only that request has, which only its later lives look up (kv.py
-        # `_own_table`), by `oseq`, the number of the life that inserted them (kv._seq, set when that life
+        # `_own_candidates`), by `oseq`, the number of the life that inserted them (kv._seq, set when that life
         # ends unfinished; 0 before). Kept per node, not per block: with page size 1 a tag per block was a
         # store per token at every insert and another at every eviction, a third of SGLang's run on the
         # Azure conversation trace (issue 27).
