@@ -215,6 +215,13 @@ class BlockManager:
         never held a block, so none of its own blocks was ever registered."""
         return self.enable_prefix_caching and bool(state.req.prefix_hashes or state._past_blocks)
 
+    def may_hit_among(self, states: list[RequestState]) -> list[RequestState]:
+        """The requests among `states` that `may_hit`, in one pass (a cache-aware order asks it of its whole
+        queue at every plan: a call per request cost more than the test)."""
+        if not self.enable_prefix_caching:
+            return []
+        return [s for s in states if s.req.prefix_hashes or s._past_blocks]
+
     def candidates(self, state: RequestState, j: int):
         """The cached blocks holding the request's block j, first registered first."""
         keys = self.prefix_keys(state)
@@ -373,11 +380,11 @@ class BlockManager:
     def touch_all(self, lookups: list[tuple[RequestState, int]]) -> None:
         """`touch` for each (request, tokens) lookup, in order; a request that can hit nothing (`may_hit`) is
         skipped before the call (a cache-aware order looks its whole queue up at every plan)."""
-        if self._radix is None:  # (SGLang's mode caches prefixes: `may_hit` below is its state half, inlined)
+        if self._radix is None:
             return
-        touch = self.touch
+        touch, may_hit = self.touch, self.may_hit
         for s, n in lookups:
-            if s.req.prefix_hashes or s._past_blocks:
+            if may_hit(s):
                 touch(s, n)
 
     def register(self, state: RequestState, num_tokens: int) -> None:

@@ -119,18 +119,13 @@ class SchedulerView:
         at every plan): a request that can hit nothing (`may_hit`: no shared prefix, never held a block) is
         not looked up."""
         kv, waiting = self._kv, Status.WAITING
-        if not kv.enable_prefix_caching:
-            return [0] * len(states)
-        match = kv.match_prefix  # (`may_hit`'s test of the request inlined: a call per waiting request per plan)
-        return [match(s) if s.status is waiting and not s.blocks and (s.req.prefix_hashes or s._past_blocks) else 0
-                for s in states]
+        match, may_hit = kv.match_prefix, kv.may_hit
+        return [match(s) if s.status is waiting and not s.blocks and may_hit(s) else 0 for s in states]
 
     def lookup_candidates(self, states: list[RequestState]) -> list[RequestState]:
-        """The requests among `states` whose prefix lookup can match anything (`kv.may_hit`, inlined): one
-        with no shared prefix that never held a block hits nothing, and its lookup stamps nothing."""
-        if not self._kv.enable_prefix_caching:
-            return []
-        return [s for s in states if s.req.prefix_hashes or s._past_blocks]
+        """The requests among `states` whose prefix lookup can match anything (`kv.may_hit`): one with no
+        shared prefix that never held a block hits nothing, and its lookup stamps nothing."""
+        return self._kv.may_hit_among(states)
 
     def block_keys(self, s: RequestState) -> tuple[int, ...]:
         """Content keys of the request's full blocks inside its trace's shared prefix: two
